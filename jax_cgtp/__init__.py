@@ -1,0 +1,25 @@
+"""jax_cgtp: fast Clebsch-Gordan tensor products for O(3)-equivariant networks in JAX.
+
+>>> import jax.numpy as jnp, jax_cgtp
+>>> tp = jax_cgtp.channelwise_tensor_product("8x0e+8x1o", "0e+1o", filter_ir_out="0e+1o")
+>>> z = tp(jnp.ones((5, 32)), jnp.ones((5, 4)), jnp.ones(tp.weight_numel))
+>>> z.shape
+(5, 64)
+"""
+
+from .problem import Instruction, Problem, make_problem
+from .tensor_product import (
+    TensorProduct,
+    channelwise_tensor_product,
+    fully_connected_tensor_product,
+)
+
+__all__ = [
+    "Instruction",
+    "Problem",
+    "TensorProduct",
+    "channelwise_tensor_product",
+    "fully_connected_tensor_product",
+    "make_problem",
+]
+__version__ = "0.1.0"

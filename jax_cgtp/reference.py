@@ -1,0 +1,132 @@
+"""Pure-JAX implementation of every family member: the CPU path and the ground truth.
+
+Member ``output=o`` computes the gradient of the scalar quadrilinear form
+
+    F(x, y, w, z) = sum_e sum_paths pw * C[i,j,k] * x[e,u,i] * y[e,v,j] * W[e,(uvw)] * z[e,w',k]
+
+with respect to operand ``o``, given the other three (``output="z"`` is the tensor product
+itself). Per path this is one einsum over the dense CG block; rows are gathered, broadcast,
+summed or scattered according to each operand's kind (see :mod:`jax_cgtp.operands`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .operands import BATCHED, INDEXED, SHARED, indexed_operands, input_operands, kind_of
+from .problem import MODE_SUBSCRIPTS, Instruction, Problem, cg_block
+
+_CG_SUBSCRIPT = {"x": "i", "y": "j", "z": "k"}
+
+
+def _subscript(ins: Instruction, operand: str, per_edge: bool) -> str:
+    edge = "e" if per_edge else ""
+    return edge + MODE_SUBSCRIPTS[ins.mode][operand] + _CG_SUBSCRIPT.get(operand, "")
+
+
+def _valid(index: jax.Array, rows: int) -> jax.Array:
+    return (index >= 0) & (index < rows)
+
+
+def gather_rows(array: jax.Array, index: jax.Array) -> jax.Array:
+    """``array[index]`` with zero rows where ``index`` is outside ``[0, len(array))``."""
+    valid = _valid(index, array.shape[0])
+    rows = jnp.take(array, jnp.where(valid, index, 0), axis=0)
+    return jnp.where(valid[:, None], rows, jnp.zeros((), array.dtype))
+
+
+def scatter_rows(values: jax.Array, index: jax.Array, rows: int) -> jax.Array:
+    """``out[n] = sum of values[e] over index[e] == n``; out-of-range indices are dropped."""
+    index = jnp.where(_valid(index, rows), index, rows)
+    return jax.ops.segment_sum(values, index, num_segments=rows)
+
+
+def _operand_block(problem: Problem, ins: Instruction, operand: str, array: jax.Array):
+    """The instruction's block of a per-edge or shared operand, with multiplicity split out."""
+    if operand == "w":
+        block = array[..., ins.weight_offset : ins.weight_offset + ins.weight_numel]
+        return block.reshape(array.shape[:-1] + ins.path_shape)
+    offset, mul, dim = problem.block(ins, operand)
+    block = array[..., offset : offset + mul * dim]
+    return block.reshape(array.shape[:-1] + (mul, dim))
+
+
+def _contract(problem, ins, output, rows, output_per_edge, dtype):
+    """One path's contribution to the output block (per edge or summed over edges)."""
+    operands = [jnp.asarray(cg_block(problem, ins), dtype)]
+    subscripts = ["ijk"]
+    for op, (array, per_edge) in rows.items():
+        if op == "w" and not ins.has_weight:
+            continue
+        operands.append(_operand_block(problem, ins, op, array))
+        subscripts.append(_subscript(ins, op, per_edge))
+    spec = ",".join(subscripts) + "->" + _subscript(ins, output, output_per_edge)
+    return jnp.einsum(spec, *operands, precision=jax.lax.Precision.HIGHEST)
+
+
+def _assemble(problem, output, contributions, leading, dtype):
+    """Concatenate per-block contributions into the output operand's flat layout."""
+    if output == "w":
+        pieces = []
+        for n, ins in enumerate(problem.instructions):
+            if not ins.has_weight:
+                continue
+            block = contributions.get(n)
+            if block is None:
+                block = jnp.zeros(leading + ins.path_shape, dtype)
+            pieces.append(block.reshape(leading + (ins.weight_numel,)))
+    else:
+        irreps = {"x": problem.irreps_in1, "y": problem.irreps_in2, "z": problem.irreps_out}[output]
+        index_of = {"x": "i_in1", "y": "i_in2", "z": "i_out"}[output]
+        sums = {}
+        for n, block in contributions.items():
+            slot = getattr(problem.instructions[n], index_of)
+            sums[slot] = block if slot not in sums else sums[slot] + block
+        pieces = [
+            sums[slot].reshape(leading + (mul_ir.dim,))
+            if slot in sums
+            else jnp.zeros(leading + (mul_ir.dim,), dtype)
+            for slot, mul_ir in enumerate(irreps)
+        ]
+    if not pieces:
+        return jnp.zeros(leading + (0,), dtype)
+    return jnp.concatenate(pieces, axis=-1)
+
+
+def member(problem: Problem, output: str, kinds: tuple, output_rows, *args):
+    """Evaluate family member ``output`` on ``args = (*inputs, *indices)`` (see primitives)."""
+    inputs = input_operands(output)
+    arrays = dict(zip(inputs, args[: len(inputs)]))
+    indices = dict(zip(indexed_operands(kinds), args[len(inputs) :]))
+    dtype = args[0].dtype
+    num_edges = _num_edges(kinds, arrays, indices)
+
+    rows = {}
+    for op, array in arrays.items():
+        kind = kind_of(kinds, op)
+        if kind == INDEXED:
+            array = gather_rows(array, indices[op])
+        rows[op] = (array, kind != SHARED)
+
+    out_kind = kind_of(kinds, output)
+    per_edge = out_kind != SHARED
+    contributions = {
+        n: _contract(problem, ins, output, rows, per_edge, dtype)
+        for n, ins in enumerate(problem.instructions)
+        if ins.is_active and (output != "w" or ins.has_weight)
+    }
+    leading = (num_edges,) if per_edge else ()
+    result = _assemble(problem, output, contributions, leading, dtype)
+    if out_kind == INDEXED:
+        result = scatter_rows(result, indices[output], output_rows)
+    return result
+
+
+def _num_edges(kinds, arrays, indices) -> int:
+    for op, array in arrays.items():
+        if kind_of(kinds, op) == BATCHED:
+            return array.shape[0]
+    for index in indices.values():
+        return index.shape[0]
+    raise ValueError("a family member needs at least one batched or indexed operand")

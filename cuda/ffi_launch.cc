@@ -1,0 +1,208 @@
+// XLA FFI handler that launches one generated kernel on XLA's stream.
+//
+// Thin by design: Python generates and compiles the kernel and decides the launch shape; this
+// file binds buffers, loads the kernel image once per CUDA context (thread-safe cache), zeroes
+// the outputs that accumulate, and launches. The CUDA driver is loaded lazily with dlopen, so
+// the extension builds without a CUDA toolkit and imports on machines without a GPU.
+//
+// Kernel signature expected by the launcher (see jax_cgtp/codegen):
+//   extern "C" __global__ void kernel(const T* in0, ..., T* out0, ..., long long num_edges)
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "nanobind/nanobind.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+namespace nb = nanobind;
+
+namespace {
+
+// The few driver API types and entry points we use, declared here instead of taken from
+// cuda.h so that no CUDA toolkit is needed at build time.
+using CUresult = int;
+using CUdevice = int;
+using CUcontext = struct CUctx_st*;
+using CUmodule = struct CUmod_st*;
+using CUfunction = struct CUfunc_st*;
+using CUstream = struct CUstream_st*;
+using CUdeviceptr = unsigned long long;
+constexpr int kFuncAttributeMaxDynamicSharedSize = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+struct Driver {
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuStreamGetCtx)(CUstream, CUcontext*);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+  CUresult (*cuGetErrorString)(CUresult, const char**);
+  std::string load_error;
+};
+
+template <typename F>
+bool Resolve(void* library, const char* name, F*& slot) {
+  slot = reinterpret_cast<F*>(dlsym(library, name));
+  return slot != nullptr;
+}
+
+const Driver& GetDriver() {
+  static const Driver driver = [] {
+    Driver d{};
+    void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      d.load_error = std::string("cannot load the CUDA driver libcuda.so.1: ") + dlerror();
+      return d;
+    }
+    bool ok = Resolve(library, "cuInit", d.cuInit) &&
+              Resolve(library, "cuStreamGetCtx", d.cuStreamGetCtx) &&
+              Resolve(library, "cuCtxGetCurrent", d.cuCtxGetCurrent) &&
+              Resolve(library, "cuCtxSetCurrent", d.cuCtxSetCurrent) &&
+              Resolve(library, "cuModuleLoadData", d.cuModuleLoadData) &&
+              Resolve(library, "cuModuleGetFunction", d.cuModuleGetFunction) &&
+              Resolve(library, "cuFuncSetAttribute", d.cuFuncSetAttribute) &&
+              Resolve(library, "cuLaunchKernel", d.cuLaunchKernel) &&
+              Resolve(library, "cuMemsetD8Async", d.cuMemsetD8Async) &&
+              Resolve(library, "cuGetErrorString", d.cuGetErrorString);
+    if (!ok) {
+      d.load_error = "libcuda.so.1 lacks a driver API entry point jax_cgtp needs";
+    } else if (d.cuInit(0) != 0) {
+      d.load_error = "cuInit failed";
+    }
+    return d;
+  }();
+  return driver;
+}
+
+ffi::Error DriverError(const Driver& d, CUresult status, const char* what) {
+  const char* message = "unknown error";
+  if (d.cuGetErrorString != nullptr) d.cuGetErrorString(status, &message);
+  return ffi::Error::Internal(std::string("jax_cgtp: ") + what + " failed: " + message);
+}
+
+// Loaded kernels, keyed by (context, image bytes, kernel name). Images are a few hundred KB at
+// most and few per program, so keying by content keeps the cache simple and exact.
+struct KernelCache {
+  std::mutex mutex;
+  std::map<std::tuple<CUcontext, std::string, std::string>, CUfunction> functions;
+};
+
+KernelCache& GetCache() {
+  static KernelCache* cache = new KernelCache();  // never destroyed: outlives XLA's threads
+  return *cache;
+}
+
+ffi::ErrorOr<CUfunction> LoadKernel(const Driver& d, CUcontext context,
+                                    ffi::Span<const uint8_t> image, std::string_view name,
+                                    int64_t shared_bytes) {
+  KernelCache& cache = GetCache();
+  auto key = std::make_tuple(context, std::string(image.begin(), image.end()), std::string(name));
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto found = cache.functions.find(key);
+  if (found != cache.functions.end()) return found->second;
+
+  CUmodule module = nullptr;
+  if (CUresult s = d.cuModuleLoadData(&module, std::get<1>(key).data()); s != 0) {
+    return ffi::Unexpected(DriverError(d, s, "cuModuleLoadData"));
+  }
+  CUfunction function = nullptr;
+  if (CUresult s = d.cuModuleGetFunction(&function, module, std::get<2>(key).c_str()); s != 0) {
+    return ffi::Unexpected(DriverError(d, s, "cuModuleGetFunction"));
+  }
+  if (shared_bytes > 48 * 1024) {
+    CUresult s = d.cuFuncSetAttribute(function, kFuncAttributeMaxDynamicSharedSize,
+                                      static_cast<int>(shared_bytes));
+    if (s != 0) return ffi::Unexpected(DriverError(d, s, "cuFuncSetAttribute"));
+  }
+  cache.functions.emplace(std::move(key), function);
+  return function;
+}
+
+ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                  ffi::Span<const uint8_t> image, std::string_view kernel, int64_t grid,
+                  int64_t block, int64_t shared_bytes, int64_t num_edges,
+                  ffi::Span<const int64_t> zero_outputs) {
+  const Driver& d = GetDriver();
+  if (!d.load_error.empty()) return ffi::Error::Internal("jax_cgtp: " + d.load_error);
+
+  CUcontext context = nullptr;
+  if (CUresult s = d.cuStreamGetCtx(stream, &context); s != 0) {
+    return DriverError(d, s, "cuStreamGetCtx");
+  }
+  CUcontext current = nullptr;
+  d.cuCtxGetCurrent(&current);
+  if (current != context) {
+    if (CUresult s = d.cuCtxSetCurrent(context); s != 0) return DriverError(d, s, "cuCtxSetCurrent");
+  }
+
+  std::vector<void*> pointers;
+  pointers.reserve(args.size() + rets.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto buffer = args.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return buffer.error();
+    pointers.push_back(buffer->untyped_data());
+  }
+  for (size_t i = 0; i < rets.size(); ++i) {
+    auto buffer = rets.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return buffer.error();
+    pointers.push_back((*buffer)->untyped_data());
+    bool zero = i < zero_outputs.size() && zero_outputs[i] != 0;
+    if (zero && (*buffer)->size_bytes() > 0) {
+      CUresult s = d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>((*buffer)->untyped_data()), 0,
+                                     (*buffer)->size_bytes(), stream);
+      if (s != 0) return DriverError(d, s, "cuMemsetD8Async");
+    }
+  }
+  if (grid == 0) return ffi::Error::Success();
+
+  auto function = LoadKernel(d, context, image, kernel, shared_bytes);
+  if (function.has_error()) return function.error();
+
+  long long edges = num_edges;
+  std::vector<void*> params;
+  params.reserve(pointers.size() + 1);
+  for (void*& pointer : pointers) params.push_back(&pointer);
+  params.push_back(&edges);
+  CUresult s = d.cuLaunchKernel(*function, static_cast<unsigned>(grid), 1, 1,
+                                static_cast<unsigned>(block), 1, 1,
+                                static_cast<unsigned>(shared_bytes), stream, params.data(), nullptr);
+  if (s != 0) return DriverError(d, s, "cuLaunchKernel");
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxCgtpLaunch, Launch,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<CUstream>>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<ffi::Span<const uint8_t>>("image")
+                                  .Attr<std::string_view>("kernel")
+                                  .Attr<int64_t>("grid")
+                                  .Attr<int64_t>("block")
+                                  .Attr<int64_t>("shared_bytes")
+                                  .Attr<int64_t>("num_edges")
+                                  .Attr<ffi::Span<const int64_t>>("zero_outputs"));
+
+NB_MODULE(_ffi, m) {
+  m.doc() = "XLA FFI handlers of jax_cgtp (CUDA platform).";
+  m.def("registrations", []() {
+    nb::dict targets;
+    targets["jax_cgtp_launch"] = nb::capsule(reinterpret_cast<void*>(JaxCgtpLaunch));
+    return targets;
+  });
+}

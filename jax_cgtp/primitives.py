@@ -6,7 +6,8 @@ quadrilinear form ``F(x, y, w, z) = <z, T(x, y, w)>`` with respect to ``o``
 (see :mod:`jax_cgtp.reference`). Since ``F`` is linear in each operand:
 
 * JVP: the tangent of member ``o`` is the sum, over inputs with a nonzero tangent, of member
-  ``o`` with that input replaced by its tangent;
+  ``o`` with that input replaced by its tangent (for ``w``, on the weighted instructions only:
+  unweighted paths do not depend on ``w``, so ``F`` is affine, not linear, in ``w``);
 * transpose: with respect to input ``a``, given the cotangent ``c`` of output ``o``, it is
   member ``a`` with ``o := c``;
 * batching: the mapped axis is folded into the edge axis (see :func:`_batch`).
@@ -88,12 +89,15 @@ cgtp_p.def_abstract_eval(_abstract_eval)
 def _jvp(primals, tangents, **params):
     out = cgtp_p.bind(*primals, **params)
     terms = []
-    for position in range(3):
+    for position, operand in enumerate(input_operands(params["output"])):
         if type(tangents[position]) is ad.Zero:
             continue
         args = list(primals)
         args[position] = tangents[position]
-        terms.append(cgtp_p.bind(*args, **params))
+        term_params = dict(params)
+        if operand == "w":  # unweighted paths are constant in w
+            term_params["problem"] = params["problem"].weighted_part()
+        terms.append(cgtp_p.bind(*args, **term_params))
     if not terms:
         return out, jnp.zeros_like(out)
     return out, functools.reduce(jnp.add, terms)

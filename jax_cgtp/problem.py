@@ -115,6 +115,12 @@ class Problem:
         """The instructions that contribute (see :attr:`Instruction.is_active`)."""
         return tuple(ins for ins in self.instructions if ins.is_active)
 
+    def weighted_part(self) -> "Problem":
+        """The same problem restricted to its weighted instructions: the part linear in w."""
+        return dataclasses.replace(
+            self, instructions=tuple(ins for ins in self.instructions if ins.has_weight)
+        )
+
     def block(self, ins: Instruction, operand: str) -> tuple[int, int, int]:
         """``(offset, mul, ir_dim)`` of ``ins``'s block of operand x, y or z."""
         irreps, index = {

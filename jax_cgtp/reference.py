@@ -20,9 +20,19 @@ from .problem import MODE_SUBSCRIPTS, Instruction, Problem, cg_block
 _CG_SUBSCRIPT = {"x": "i", "y": "j", "z": "k"}
 
 
+def _multiplicity_subscript(ins: Instruction, operand: str) -> str:
+    """Multiplicity letters of the operand's block; without weights, letters no input
+    carries are dropped (unweighted ``uuw`` sums over u into an output of multiplicity 1)."""
+    letters = MODE_SUBSCRIPTS[ins.mode][operand]
+    if ins.has_weight or operand != "z":
+        return letters
+    inputs = MODE_SUBSCRIPTS[ins.mode]["x"] + MODE_SUBSCRIPTS[ins.mode]["y"]
+    return "".join(c for c in letters if c in inputs)
+
+
 def _subscript(ins: Instruction, operand: str, per_edge: bool) -> str:
     edge = "e" if per_edge else ""
-    return edge + MODE_SUBSCRIPTS[ins.mode][operand] + _CG_SUBSCRIPT.get(operand, "")
+    return edge + _multiplicity_subscript(ins, operand) + _CG_SUBSCRIPT.get(operand, "")
 
 
 def _valid(index: jax.Array, rows: int) -> jax.Array:
@@ -49,11 +59,16 @@ def _operand_block(problem: Problem, ins: Instruction, operand: str, array: jax.
         return block.reshape(array.shape[:-1] + ins.path_shape)
     offset, mul, dim = problem.block(ins, operand)
     block = array[..., offset : offset + mul * dim]
-    return block.reshape(array.shape[:-1] + (mul, dim))
+    muls = (mul,) * len(_multiplicity_subscript(ins, operand))
+    return block.reshape(array.shape[:-1] + muls + (dim,))
 
 
 def _contract(problem, ins, output, rows, output_per_edge, dtype):
-    """One path's contribution to the output block (per edge or summed over edges)."""
+    """One path's contribution to the output block (per edge or summed over edges).
+
+    Without weights a multiplicity letter of the output can be absent from the inputs (the
+    y-gradient of unweighted ``uvu`` is the same for every v): it is broadcast.
+    """
     operands = [jnp.asarray(cg_block(problem, ins), dtype)]
     subscripts = ["ijk"]
     for op, (array, per_edge) in rows.items():
@@ -61,8 +76,16 @@ def _contract(problem, ins, output, rows, output_per_edge, dtype):
             continue
         operands.append(_operand_block(problem, ins, op, array))
         subscripts.append(_subscript(ins, op, per_edge))
-    spec = ",".join(subscripts) + "->" + _subscript(ins, output, output_per_edge)
-    return jnp.einsum(spec, *operands, precision=jax.lax.Precision.HIGHEST)
+    target = _subscript(ins, output, output_per_edge)
+    present = "".join(c for c in target if any(c in sub for sub in subscripts))
+    result = jnp.einsum(
+        ",".join(subscripts) + "->" + present, *operands, precision=jax.lax.Precision.HIGHEST
+    )
+    if present == target:
+        return result
+    sizes = {"u": ins.mul_in1, "v": ins.mul_in2, "w": ins.mul_out}
+    expanded = jnp.expand_dims(result, [n for n, c in enumerate(target) if c not in present])
+    return jnp.broadcast_to(expanded, [result.shape[present.index(c)] if c in present else sizes[c] for c in target])
 
 
 def _assemble(problem, output, contributions, leading, dtype):

@@ -146,7 +146,7 @@ def channelwise_tensor_product(irreps_in1, irreps_in2, filter_ir_out=None, **opt
     ``options`` go to :class:`TensorProduct`.
 
     >>> channelwise_tensor_product("8x0e+8x1o", "0e+1o", filter_ir_out="0e+1o").irreps_out
-    8x0e+8x0e+8x1o+8x1o+8x1o
+    8x0e+8x0e+8x1o+8x1o
     """
     irreps_in1 = parse_irreps(irreps_in1, "irreps_in1")
     irreps_in2 = parse_irreps(irreps_in2, "irreps_in2")
@@ -167,7 +167,7 @@ def fully_connected_tensor_product(irreps_in1, irreps_in2, irreps_out, **options
     """Mode ``uvw`` for every block triple with ``ir_out`` in ``ir1 x ir2``: weights ``(mul1, mul2, mul_out)``.
 
     >>> fully_connected_tensor_product("2x0e+2x1o", "0e+1o", "3x1o").weight_numel
-    24
+    12
     """
     irreps_in1 = parse_irreps(irreps_in1, "irreps_in1")
     irreps_in2 = parse_irreps(irreps_in2, "irreps_in2")

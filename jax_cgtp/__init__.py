@@ -7,6 +7,7 @@
 (5, 64)
 """
 
+from .conv import TensorProductConv, check_graph
 from .problem import Instruction, Problem, make_problem
 from .tensor_product import (
     TensorProduct,
@@ -18,7 +19,9 @@ __all__ = [
     "Instruction",
     "Problem",
     "TensorProduct",
+    "TensorProductConv",
     "channelwise_tensor_product",
+    "check_graph",
     "fully_connected_tensor_product",
     "make_problem",
 ]

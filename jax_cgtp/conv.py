@@ -1,0 +1,107 @@
+"""The fused graph convolution: gather by source, tensor product, scatter-sum by destination."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from . import primitives
+from .operands import BATCHED, INDEXED, SHARED
+from .tensor_product import TensorProduct, check_float_operands, check_trailing_dim
+
+
+def _check_index(name: str, index, num_edges: int) -> None:
+    dtype = jnp.result_type(index)
+    if dtype not in (jnp.int32, jnp.int64):
+        raise TypeError(f"{name}: expected an int32 or int64 array, got dtype {dtype}")
+    if jnp.shape(index) != (num_edges,):
+        raise ValueError(
+            f"{name}: expected shape ({num_edges},), one index per edge of y_edges, got {jnp.shape(index)}"
+        )
+
+
+def _check_num_nodes(num_nodes) -> int:
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)) or num_nodes < 0:
+        raise TypeError(f"num_nodes: expected a static non-negative int, got {num_nodes!r}")
+    return int(num_nodes)
+
+
+class TensorProductConv(TensorProduct):
+    r"""Graph convolution ``out[n] = sum_{e: dst[e] == n} T(x_nodes[src[e]], y_edges[e], w[e])``.
+
+    ``T`` is the tensor product of the same problem arguments as :class:`TensorProduct`. The
+    gather and the scatter are part of the operation (no ``(edges, dim)`` intermediate), and
+    so are all its derivatives: the transpose of the gather by ``src`` is a scatter by ``src``.
+    ``w`` is per edge ``(E, weight_numel)`` or shared ``(weight_numel,)``. Edges whose ``src``
+    or ``dst`` lies outside the node range contribute nothing and are never dereferenced;
+    :func:`check_graph` reports them eagerly for users who prefer an error.
+
+    >>> import jax.numpy as jnp
+    >>> conv = TensorProductConv("2x0e", "0e", "2x0e", [(0, 0, 0, "uvu", True)])
+    >>> out = conv(jnp.ones((3, 2)), jnp.ones((4, 1)), jnp.ones(2), jnp.array([0, 1, 2, 2]),
+    ...            jnp.array([1, 1, 0, 7]), num_nodes=3)
+    >>> out.tolist()
+    [[1.0, 1.0], [2.0, 2.0], [0.0, 0.0]]
+    """
+
+    def __init__(self, *args, deterministic: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not isinstance(deterministic, bool):
+            raise TypeError(f"deterministic: expected a bool, got {deterministic!r}")
+        self.deterministic = deterministic
+
+    def __repr__(self) -> str:
+        return f"TensorProductConv({self.problem}, backend={self.backend!r}, deterministic={self.deterministic})"
+
+    def __call__(self, x_nodes, y_edges, w, src, dst, num_nodes):
+        """Node features ``x_nodes (N_src, dim1)``, edge features ``y_edges (E, dim2)``, weights,
+        int index arrays ``src, dst (E,)`` and the static output node count -> ``(num_nodes, dim_out)``."""
+        problem = self.problem
+        num_nodes = _check_num_nodes(num_nodes)
+        dtype = check_float_operands(x_nodes=x_nodes, y_edges=y_edges, w=w)
+        check_trailing_dim("x_nodes", x_nodes, problem.irreps_in1.dim, f"irreps_in1 {problem.irreps_in1}")
+        check_trailing_dim("y_edges", y_edges, problem.irreps_in2.dim, f"irreps_in2 {problem.irreps_in2}")
+        check_trailing_dim("w", w, problem.weight_numel, "the weights")
+        if jnp.ndim(x_nodes) != 2 or jnp.ndim(y_edges) != 2:
+            raise ValueError(
+                f"x_nodes, y_edges: expected 2-D arrays (rows, dim), got shapes "
+                f"{jnp.shape(x_nodes)} and {jnp.shape(y_edges)}"
+            )
+        num_edges = jnp.shape(y_edges)[0]
+        if jnp.ndim(w) not in (1, 2) or (jnp.ndim(w) == 2 and jnp.shape(w)[0] != num_edges):
+            raise ValueError(
+                f"w: expected shape ({problem.weight_numel},) or ({num_edges}, {problem.weight_numel}), "
+                f"got {jnp.shape(w)}"
+            )
+        _check_index("src", src, num_edges)
+        _check_index("dst", dst, num_edges)
+        x_nodes, y_edges, w = (jnp.asarray(a, dtype) for a in (x_nodes, y_edges, w))
+        return primitives.bind(
+            problem,
+            "z",
+            (INDEXED, BATCHED, SHARED if w.ndim == 1 else BATCHED, INDEXED),
+            {"x": x_nodes, "y": y_edges, "w": w},
+            {"x": jnp.asarray(src), "z": jnp.asarray(dst)},
+            output_rows=num_nodes,
+            backend=self.backend,
+        )
+
+
+def check_graph(src, dst, num_nodes: int, num_src_nodes: int | None = None) -> None:
+    """Eagerly raise ``ValueError`` if an edge index is outside the node range.
+
+    ``src`` must lie in ``[0, num_src_nodes)`` (default ``num_nodes``) and ``dst`` in
+    ``[0, num_nodes)``. The convolution itself silently drops such edges.
+    """
+    num_nodes = _check_num_nodes(num_nodes)
+    num_src_nodes = num_nodes if num_src_nodes is None else _check_num_nodes(num_src_nodes)
+    for name, index, rows in (("src", src, num_src_nodes), ("dst", dst, num_nodes)):
+        index = np.asarray(index)
+        if index.dtype.kind not in "iu":
+            raise TypeError(f"{name}: expected an integer array, got dtype {index.dtype}")
+        bad = np.flatnonzero((index < 0) | (index >= rows))
+        if bad.size:
+            raise ValueError(
+                f"{name}: {bad.size} edge(s) index outside [0, {rows}), first at edge "
+                f"{bad[0]} with value {index[bad[0]]}"
+            )

@@ -1,0 +1,152 @@
+"""The graph convolution on the reference path: against e3nn-jax gather + product + segment_sum."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+from random_problems import e3nn_tensor_product, random_problem
+
+import jax_cgtp
+from jax_cgtp.problem import MODES
+
+
+def make_conv(seed, mode=None, lmax=3):
+    spec = random_problem(seed, mode=mode, lmax=lmax)
+    irreps_in1, irreps_in2, irreps_out, instructions, normalization = spec
+    return spec, jax_cgtp.TensorProductConv(irreps_in1, irreps_in2, irreps_out, instructions, **normalization)
+
+
+def random_graph(key, conv, num_nodes, num_edges, shared, index_dtype=jnp.int32):
+    keys = jax.random.split(key, 5)
+    x = jax.random.normal(keys[0], (num_nodes, conv.irreps_in1.dim))
+    y = jax.random.normal(keys[1], (num_edges, conv.irreps_in2.dim))
+    w_shape = (conv.weight_numel,) if shared else (num_edges, conv.weight_numel)
+    w = jax.random.normal(keys[2], w_shape)
+    src = jax.random.randint(keys[3], (num_edges,), 0, num_nodes).astype(index_dtype)
+    dst = jax.random.randint(keys[4], (num_edges,), 0, num_nodes).astype(index_dtype)
+    return x, y, w, src, dst
+
+
+def e3nn_conv(spec, x, y, w, src, dst, num_nodes):
+    valid = (src >= 0) & (src < x.shape[0]) & (dst >= 0) & (dst < num_nodes)
+    messages = e3nn_tensor_product(spec)(x[jnp.clip(src, 0, x.shape[0] - 1)], y, w)
+    messages = jnp.where(valid[:, None], messages, 0.0)
+    return jax.ops.segment_sum(messages, jnp.where(valid, dst, 0), num_segments=num_nodes)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_matches_e3nn_gather_product_segment_sum(seed):
+    spec, conv = make_conv(seed)
+    index_dtype = jnp.int64 if seed % 2 else jnp.int32
+    args = random_graph(jax.random.PRNGKey(seed), conv, 11, 40, seed % 3 == 0, index_dtype)
+    expected = e3nn_conv(spec, *args, 11)
+    actual = jax.jit(conv, static_argnums=5)(*args, 11)
+    np.testing.assert_allclose(actual, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_match_e3nn(mode):
+    spec, conv = make_conv(300 + MODES.index(mode), mode=mode, lmax=2)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(1), conv, 6, 20, False)
+    g = jax.random.normal(jax.random.PRNGKey(2), (6, conv.irreps_out.dim))
+
+    def loss(f, x, y, w):
+        return jnp.sum(f(x, y, w, src, dst, 6) * g)
+
+    ours = jax.grad(lambda *a: loss(conv, *a), argnums=(0, 1, 2))(x, y, w)
+    theirs = jax.grad(lambda *a: loss(lambda *b: e3nn_conv(spec, *b), *a), argnums=(0, 1, 2))(x, y, w)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_check_grads_orders_1_and_2(shared):
+    _, conv = make_conv(7, mode="uvu", lmax=2)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(3), conv, 5, 12, shared)
+    check_grads(lambda x, y, w: conv(x, y, w, src, dst, 5), (x, y, w), order=2, modes=("fwd", "rev"))
+
+
+def test_force_training_second_derivative_matches_e3nn():
+    spec, conv = make_conv(8, mode="uvu", lmax=2)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(4), conv, 5, 15, False)
+
+    def force_loss(f, w, x):
+        forces = jax.grad(lambda y: jnp.sum(jnp.tanh(f(x, y, w, src, dst, 5))))(y)
+        return jnp.sum(forces**2)
+
+    ours = jax.grad(lambda w, x: force_loss(conv, w, x), argnums=(0, 1))(w, x)
+    theirs = jax.grad(lambda w, x: force_loss(lambda *b: e3nn_conv(spec, *b), w, x), argnums=(0, 1))(w, x)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_vmap_over_graphs_matches_loop():
+    _, conv = make_conv(9, mode="uvw", lmax=2)
+    graphs = [random_graph(jax.random.PRNGKey(i), conv, 4, 9, False) for i in range(3)]
+    stacked = [jnp.stack(parts) for parts in zip(*graphs)]
+    batched = jax.vmap(lambda *a: conv(*a, 4))(*stacked)
+    for i, graph in enumerate(graphs):
+        np.testing.assert_allclose(batched[i], conv(*graph, 4), rtol=1e-13, atol=1e-13)
+
+
+def test_vmap_of_gradient_with_shared_weights_matches_loop():
+    _, conv = make_conv(10, mode="uvu", lmax=2)
+    x, y, _, src, dst = random_graph(jax.random.PRNGKey(5), conv, 4, 9, True)
+    ws = jax.random.normal(jax.random.PRNGKey(6), (3, conv.weight_numel))
+
+    def loss(w):
+        return jnp.sum(conv(x, y, w, src, dst, 4) ** 2)
+
+    np.testing.assert_allclose(jax.vmap(jax.grad(loss))(ws), [jax.grad(loss)(w) for w in ws], rtol=1e-12)
+
+
+def test_out_of_range_edges_contribute_nothing():
+    _, conv = make_conv(11, mode="uvu", lmax=2)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(7), conv, 6, 10, False)
+    bad_src = src.at[0].set(-1).at[1].set(6).at[2].set(1 << 30)
+    bad_dst = dst.at[3].set(-3).at[4].set(6)
+    keep = jnp.arange(10) >= 5
+    expected = conv(x, y[keep], w[keep], src[keep], dst[keep], 6)
+    np.testing.assert_allclose(conv(x, y, w, bad_src.at[3:5].set(src[3:5]), bad_dst, 6), expected, rtol=1e-13)
+    grads = jax.grad(lambda y: jnp.sum(conv(x, y, w, bad_src, bad_dst, 6) ** 2))(y)
+    np.testing.assert_array_equal(grads[:5], 0.0)
+
+
+def test_zero_edges_and_isolated_nodes():
+    _, conv = make_conv(12, mode="uvu", lmax=2)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(8), conv, 5, 0, False)
+    out = conv(x, y, w, src, dst, 5)
+    assert out.shape == (5, conv.irreps_out.dim) and not out.any()
+    gx = jax.grad(lambda x: jnp.sum(conv(x, y, w, src, dst, 5)))(x)
+    assert gx.shape == x.shape and not gx.any()
+    x, y, w, _, _ = random_graph(jax.random.PRNGKey(9), conv, 5, 4, False)
+    out = conv(x, y, w, jnp.array([0, 1, 0, 1]), jnp.array([2, 2, 3, 3]), 5)
+    assert not out[jnp.array([0, 1, 4])].any() and out[2:4].any()
+
+
+def test_check_graph_reports_the_first_bad_edge():
+    jax_cgtp.check_graph(np.array([0, 1]), np.array([1, 0]), 2)
+    with pytest.raises(ValueError, match=r"dst: 2 edge\(s\) index outside \[0, 3\), first at edge 1 with value 3"):
+        jax_cgtp.check_graph(np.array([0, 1, 2]), np.array([0, 3, -1]), 3)
+    with pytest.raises(ValueError, match=r"src: 1 edge\(s\) index outside \[0, 2\)"):
+        jax_cgtp.check_graph(np.array([0, 2]), np.array([0, 0]), 3, num_src_nodes=2)
+
+
+@pytest.mark.parametrize(
+    "change,error,message",
+    [
+        ({"src": np.zeros(4, np.float32)}, TypeError, r"src: expected an int32 or int64 array, got dtype float32"),
+        ({"dst": np.zeros(3, np.int32)}, ValueError, r"dst: expected shape \(4,\), one index per edge"),
+        ({"num_nodes": 2.5}, TypeError, r"num_nodes: expected a static non-negative int, got 2.5"),
+        ({"w": np.zeros((3, 2))}, ValueError, r"w: expected shape \(2,\) or \(4, 2\), got \(3, 2\)"),
+        ({"x": np.zeros((3, 2), np.int32)}, TypeError, r"x_nodes: expected a floating-point array"),
+    ],
+)
+def test_bad_conv_arguments(change, error, message):
+    conv = jax_cgtp.TensorProductConv("2x0e", "0e", "2x0e", [(0, 0, 0, "uvu", True)])
+    args = {"x": np.ones((3, 2)), "y": np.ones((4, 1)), "w": np.ones(2),
+            "src": np.zeros(4, np.int32), "dst": np.zeros(4, np.int32), "num_nodes": 3}
+    args.update(change)
+    with pytest.raises(error, match=message):
+        conv(args["x"], args["y"], args["w"], args["src"], args["dst"], args["num_nodes"])

@@ -8,6 +8,7 @@
 """
 
 from .conv import TensorProductConv, check_graph
+from .graph import SortedGraph, sort_graph
 from .problem import Instruction, Problem, make_problem
 from .tensor_product import (
     TensorProduct,
@@ -18,11 +19,13 @@ from .tensor_product import (
 __all__ = [
     "Instruction",
     "Problem",
+    "SortedGraph",
     "TensorProduct",
     "TensorProductConv",
     "channelwise_tensor_product",
     "check_graph",
     "fully_connected_tensor_product",
     "make_problem",
+    "sort_graph",
 ]
 __version__ = "0.1.0"

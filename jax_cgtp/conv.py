@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import primitives
+from .call import forward_call
+from .graph import SortedGraph, sort_graph
 from .operands import BATCHED, INDEXED, SHARED
 from .tensor_product import TensorProduct, check_float_operands, check_trailing_dim
 
@@ -53,10 +55,22 @@ class TensorProductConv(TensorProduct):
     def __repr__(self) -> str:
         return f"TensorProductConv({self.problem}, backend={self.backend!r}, deterministic={self.deterministic})"
 
-    def __call__(self, x_nodes, y_edges, w, src, dst, num_nodes):
+    def __call__(self, x_nodes, y_edges, w, src=None, dst=None, num_nodes=None, *, graph: SortedGraph | None = None):
         """Node features ``x_nodes (N_src, dim1)``, edge features ``y_edges (E, dim2)``, weights,
-        int index arrays ``src, dst (E,)`` and the static output node count -> ``(num_nodes, dim_out)``."""
+        int index arrays ``src, dst (E,)`` and the static output node count -> ``(num_nodes, dim_out)``.
+
+        Instead of ``src, dst, num_nodes``, pass ``graph=jax_cgtp.sort_graph(src, dst, num_nodes)``,
+        built once per graph: with ``deterministic=True`` it saves sorting the edges on every call.
+        """
         problem = self.problem
+        if graph is not None:
+            if not isinstance(graph, SortedGraph):
+                raise TypeError(f"graph: expected a jax_cgtp.SortedGraph from sort_graph(), got {type(graph).__name__}")
+            if src is not None or dst is not None or num_nodes is not None:
+                raise ValueError("src, dst, num_nodes: pass either them or graph=, not both")
+            src, dst, num_nodes = graph.src, graph.dst, graph.num_nodes
+        elif src is None or dst is None or num_nodes is None:
+            raise ValueError("src, dst, num_nodes: all three are needed (or graph=)")
         num_nodes = _check_num_nodes(num_nodes)
         dtype = check_float_operands(x_nodes=x_nodes, y_edges=y_edges, w=w)
         check_trailing_dim("x_nodes", x_nodes, problem.irreps_in1.dim, f"irreps_in1 {problem.irreps_in1}")
@@ -75,16 +89,25 @@ class TensorProductConv(TensorProduct):
             )
         _check_index("src", src, num_edges)
         _check_index("dst", dst, num_edges)
+        num_src_nodes = jnp.shape(x_nodes)[0]
+        if graph is not None and graph.num_src_nodes != num_src_nodes:
+            raise ValueError(
+                f"x_nodes: graph was sorted for {graph.num_src_nodes} source nodes, got {num_src_nodes} rows"
+            )
         x_nodes, y_edges, w = (jnp.asarray(a, dtype) for a in (x_nodes, y_edges, w))
-        return primitives.bind(
+        src, dst = jnp.asarray(src), jnp.asarray(dst)
+        schedules = None
+        if self.deterministic:
+            graph = graph or sort_graph(src, dst, num_nodes, num_src_nodes)
+            schedules = {"x": graph.by_src, "z": graph.by_dst}
+        call = forward_call(
             problem,
-            "z",
             (INDEXED, BATCHED, SHARED if w.ndim == 1 else BATCHED, INDEXED),
-            {"x": x_nodes, "y": y_edges, "w": w},
-            {"x": jnp.asarray(src), "z": jnp.asarray(dst)},
-            output_rows=num_nodes,
-            backend=self.backend,
+            rows=(num_src_nodes, None, None, num_nodes),
+            deterministic=self.deterministic,
         )
+        (out,) = primitives.bind(call, [x_nodes, y_edges, w], {"x": src, "z": dst}, schedules, backend=self.backend)
+        return out
 
 
 def check_graph(src, dst, num_nodes: int, num_src_nodes: int | None = None) -> None:

@@ -1,29 +1,26 @@
 """The primitive family, closed under differentiation.
 
-One primitive, ``cgtp``, whose parameter ``output`` says which of the four operands
-``x, y, w, z`` it produces from the other three: member ``output=o`` is the gradient of the
-quadrilinear form ``F(x, y, w, z) = <z, T(x, y, w)>`` with respect to ``o``
-(see :mod:`jax_cgtp.reference`). Since ``F`` is linear in each operand:
+One primitive, ``cgtp``, with a :class:`~jax_cgtp.call.Call` parameter that says which outputs it
+produces and, for each, which terms it sums (see :mod:`jax_cgtp.call`). Every term is linear in
+each of its three arguments, so:
 
-* JVP: the tangent of member ``o`` is the sum, over inputs with a nonzero tangent, of member
-  ``o`` with that input replaced by its tangent (for ``w``, on the weighted instructions only:
-  unweighted paths do not depend on ``w``, so ``F`` is affine, not linear, in ``w``);
-* transpose: with respect to input ``a``, given the cotangent ``c`` of output ``o``, it is
-  member ``a`` with ``o := c``;
+* JVP: the tangent of an output is one call whose terms are the original terms with one
+  argument at a time replaced by its tangent (a replaced ``w`` keeps the weighted paths only:
+  unweighted paths do not depend on ``w``). The tangent of ``T(x, y, w)`` is one call with three
+  terms, not three calls.
+* transpose: with respect to the undefined inputs, all at once: the cotangent of input ``a`` is
+  the sum, over terms that read ``a``, of the member of ``a``'s role evaluated on the term's other
+  arguments and the output's cotangent. Transposing the JVP of ``T`` therefore gives the fused
+  backward: one call that produces ``x̄, ȳ, w̄`` together.
 * batching: the mapped axis is folded into the edge axis (see :func:`_batch`).
 
 So every derivative of every order is again a ``cgtp`` call, and every ``cgtp`` call runs on
-our kernels. Arguments are ``(*inputs, *indices)``: the three input operands in canonical order
-``x, y, w, z`` without the output, then the int index arrays of the INDEXED operands in
-canonical order (including the output's, if it is INDEXED).
-
-Parameters: ``problem`` (:class:`~jax_cgtp.problem.Problem`), ``output``, ``kinds`` (the row
-kind of each of ``x, y, w, z``, see :mod:`jax_cgtp.operands`), ``output_rows`` (row count of
-an INDEXED output, else ``None``) and ``backend``.
+our kernels (or, off the GPU, on the pure-JAX reference).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -33,172 +30,192 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import reference
-from .operands import BATCHED, INDEXED, SHARED, indexed_operands, input_operands, kind_of
+from .call import Call, Output, Term, num_edges, output_shape, prune_inputs
+from .graph import sort_edges
+from .operands import BATCHED, INDEXED, OPERANDS, SHARED
 
 cgtp_p = Primitive("cgtp")
+cgtp_p.multiple_results = True
 cgtp_p.def_impl(functools.partial(dispatch.apply_primitive, cgtp_p))
 
 
-def bind(problem, output, kinds, operands, indices, *, output_rows=None, backend="auto"):
-    """Call member ``output`` with ``operands`` and ``indices`` given as dicts by operand name."""
-    args = [operands[op] for op in input_operands(output)]
-    args += [indices[op] for op in indexed_operands(kinds)]
-    return cgtp_p.bind(
-        *args,
-        problem=problem,
-        output=output,
-        kinds=tuple(kinds),
-        output_rows=output_rows,
-        backend=backend,
-    )
+def bind(call: Call, inputs, indices=None, schedules=None, *, backend="auto"):
+    """Run ``call`` on its inputs; ``indices``/``schedules`` are dicts by role. Returns a list."""
+    call.validate()
+    indices = indices or {}
+    args = list(inputs) + [indices[r] for r in call.indexed_roles]
+    if call.deterministic:
+        for role in call.indexed_roles:
+            args += list(schedules[role])
+    return cgtp_p.bind(*args, call=call, backend=backend)
 
 
-def _split(args, output, kinds):
-    inputs = input_operands(output)
-    operands = dict(zip(inputs, args[:3]))
-    indices = dict(zip(indexed_operands(kinds), args[3:]))
-    return operands, indices
-
-
-def _num_edges(shapes, output, kinds) -> int:
-    operands, indices = _split(shapes, output, kinds)
-    for op, shape in operands.items():
-        if kind_of(kinds, op) == BATCHED:
-            return shape[0]
-    for shape in indices.values():
-        return shape[0]
-    raise ValueError("cgtp: at least one operand must be batched or indexed")
-
-
-def _abstract_eval(*avals, problem, output, kinds, output_rows, backend):
+def _abstract_eval(*avals, call, backend):
     del backend
-    dim = problem.operand_dim(output)
-    kind = kind_of(kinds, output)
-    if kind == SHARED:
-        shape = (dim,)
-    elif kind == INDEXED:
-        shape = (output_rows, dim)
-    else:
-        shape = (_num_edges([a.shape for a in avals], output, kinds), dim)
-    return jax.core.ShapedArray(shape, avals[0].dtype)
+    edges = num_edges(call, [a.shape for a in avals])
+    dtype = avals[0].dtype
+    return [jax.core.ShapedArray(output_shape(call, o.role, edges), dtype) for o in call.outputs]
 
 
 cgtp_p.def_abstract_eval(_abstract_eval)
 
 
-def _jvp(primals, tangents, **params):
-    out = cgtp_p.bind(*primals, **params)
-    terms = []
-    for position, operand in enumerate(input_operands(params["output"])):
-        if type(tangents[position]) is ad.Zero:
-            continue
-        args = list(primals)
-        args[position] = tangents[position]
-        term_params = dict(params)
-        if operand == "w":  # unweighted paths are constant in w
-            term_params["problem"] = params["problem"].weighted_part()
-        terms.append(cgtp_p.bind(*args, **term_params))
-    if not terms:
-        return out, jnp.zeros_like(out)
-    return out, functools.reduce(jnp.add, terms)
+def _bind_nonempty(call: Call, inputs, tail, backend, avals):
+    """Bind the outputs that have terms; the others are symbolic zeros of ``avals``."""
+    live = [k for k, o in enumerate(call.outputs) if o.terms]
+    results = [ad.Zero(aval) for aval in avals]
+    if live:
+        live_call = dataclasses.replace(call, outputs=tuple(call.outputs[k] for k in live))
+        live_call, inputs = prune_inputs(live_call, list(inputs))
+        for k, value in zip(live, cgtp_p.bind(*inputs, *tail, call=live_call, backend=backend)):
+            results[k] = value
+    return results
+
+
+def _jvp(primals, tangents, *, call, backend):
+    out = cgtp_p.bind(*primals, call=call, backend=backend)
+    n = call.num_inputs
+    nonzero = [i for i in range(n) if type(tangents[i]) is not ad.Zero]
+    position = {i: n + k for k, i in enumerate(nonzero)}
+    outputs = []
+    for output in call.outputs:
+        roles = call.term_roles(output.role)
+        terms = []
+        for term in output.terms:
+            for slot, arg in enumerate(term.args):
+                if arg in position:
+                    args = list(term.args)
+                    args[slot] = position[arg]
+                    terms.append(Term(tuple(args), term.weighted_only or roles[slot] == "w"))
+        outputs.append(Output(output.role, tuple(terms)))
+    tangent_call = dataclasses.replace(
+        call, roles=call.roles + tuple(call.roles[i] for i in nonzero), outputs=tuple(outputs)
+    )
+    inputs = list(primals[:n]) + [tangents[i] for i in nonzero]
+    avals = [o.aval for o in out]
+    return out, _bind_nonempty(tangent_call, inputs, primals[n:], backend, avals)
 
 
 ad.primitive_jvps[cgtp_p] = _jvp
 
 
-def _transpose(cotangent, *args, problem, output, kinds, output_rows, backend):
-    linear = [n for n in range(3) if ad.is_undefined_primal(args[n])]
-    if len(linear) != 1:
-        raise ValueError(f"cgtp is transposed with respect to one operand, got {len(linear)}")
-    position = linear[0]
-    inputs = input_operands(output)
-    target = inputs[position]
-    result = [None] * len(args)
-    if type(cotangent) is ad.Zero:
-        result[position] = ad.Zero(args[position].aval)
-        return result
-    operands, indices = _split(args, output, kinds)
-    del operands[target]
-    operands[output] = cotangent
-    target_rows = args[position].aval.shape[0] if kind_of(kinds, target) == INDEXED else None
-    result[position] = bind(
-        problem, target, kinds, operands, indices, output_rows=target_rows, backend=backend
-    )
-    return result
+def _transpose(cotangents, *args, call, backend):
+    n = call.num_inputs
+    undefined = [i for i in range(n) if ad.is_undefined_primal(args[i])]
+    if any(ad.is_undefined_primal(a) for a in args[n:]):
+        raise ValueError("cgtp is not linear in its index arrays")
+    inputs, index_of = [], {}
+    for i in range(n):
+        if i not in undefined:
+            index_of[i] = len(inputs)
+            inputs.append(args[i])
+    cotangent_of, roles = {}, [call.roles[i] for i in range(n) if i not in undefined]
+    for k, (output, cotangent) in enumerate(zip(call.outputs, cotangents)):
+        if type(cotangent) is not ad.Zero:
+            cotangent_of[k] = len(inputs)
+            inputs.append(cotangent)
+            roles.append(output.role)
+
+    outputs = []
+    for a in undefined:
+        role = call.roles[a]
+        terms = []
+        for k, output in enumerate(call.outputs):
+            if k not in cotangent_of:
+                continue
+            for term in output.terms:
+                if a not in term.args:
+                    continue
+                if any(b in undefined for b in term.args if b != a):
+                    raise ValueError("cgtp is transposed with respect to one argument per term")
+                by_role = {r: index_of[b] for r, b in zip(call.term_roles(output.role), term.args) if b != a}
+                by_role[output.role] = cotangent_of[k]
+                terms.append(Term(tuple(by_role[r] for r in call.term_roles(role)), term.weighted_only))
+        outputs.append(Output(role, tuple(terms)))
+    transposed = dataclasses.replace(call, roles=tuple(roles), outputs=tuple(outputs))
+    results = _bind_nonempty(transposed, inputs, args[n:], backend, [args[a].aval for a in undefined])
+    full = [None] * len(args)
+    for a, value in zip(undefined, results):
+        full[a] = value
+    return full
 
 
 ad.primitive_transposes[cgtp_p] = _transpose
 
 
-def _batch(args, dims, *, problem, output, kinds, output_rows, backend):
+def _batch(args, dims, *, call, backend):
     """Fold the vmapped axis (size V) into the edge axis (E -> V*E).
 
-    BATCHED operands are reshaped to ``(V*E, dim)`` (broadcast first if unmapped); a mapped
-    SHARED operand becomes INDEXED with ``V`` rows and index ``e // E``; a mapped INDEXED
-    operand with ``N`` rows becomes ``(V*N, dim)`` with its indices offset by ``v*N``.
-    The output is always mapped, at axis 0.
+    A role is *mapped* if one of its inputs is, or if it is a SHARED or INDEXED output (each
+    slice gets its own). BATCHED arrays become ``(V*E, dim)``; a mapped SHARED role becomes
+    INDEXED with V rows and index ``e // E``; a mapped INDEXED role with N rows becomes V*N rows,
+    its index shifted by ``v*N``. Unmapped inputs of a mapped role are broadcast. Deterministic
+    calls re-sort the folded indices. Outputs come back mapped at axis 0.
     """
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
     mapped = [d is not None for d in dims]
-    shapes = [a.shape[1:] if m else a.shape for a, m in zip(args, mapped)]
-    edges = _num_edges(shapes, output, kinds)
-    operands, indices = _split(list(zip(args, mapped)), output, kinds)
-    index_of_edge = {op: _flat_index(a, m, size, edges) for op, (a, m) in indices.items()}
-    edge_to_vmap_row = jnp.arange(size * edges, dtype=jnp.int32) // max(edges, 1)
+    args = [jnp.moveaxis(a, d, 0) if d is not None else a for a, d in zip(args, dims)]
+    n = call.num_inputs
+    edges = num_edges(call, [a.shape[1:] if m else a.shape for a, m in zip(args, mapped)])
+    output_roles = {o.role for o in call.outputs}
+    role_mapped = {
+        r: any(mapped[i] for i in range(n) if call.roles[i] == r)
+        or (r in output_roles and call.kind(r) != BATCHED)
+        for r in OPERANDS
+    }
+    kinds = dict(zip(OPERANDS, call.kinds))
+    rows = dict(zip(OPERANDS, call.rows))
+    inputs, indices, _ = call.split(list(zip(args, mapped)))
+    folded_index = {r: _fold_index(index, m, size, edges) for r, (index, m) in indices.items()}
 
-    new_kinds = dict(zip(("x", "y", "w", "z"), kinds))
-    new_operands, new_indices = {}, {}
-    for op, (array, is_mapped) in operands.items():
-        kind = new_kinds[op]
+    new_inputs = []
+    for role, (array, is_mapped) in zip(call.roles, inputs):
+        kind = kinds[role]
         if kind == BATCHED:
-            if not is_mapped:
-                array = jnp.broadcast_to(array, (size,) + array.shape)
-            new_operands[op] = array.reshape((size * edges,) + array.shape[2:])
-        elif kind == SHARED:
-            new_operands[op] = array
-            if is_mapped:
-                new_kinds[op] = INDEXED
-                new_indices[op] = edge_to_vmap_row
+            array = array if is_mapped else jnp.broadcast_to(array, (size,) + array.shape)
+            array = array.reshape((size * edges,) + array.shape[2:])
+        elif role_mapped[role]:
+            array = array if is_mapped else jnp.broadcast_to(array, (size,) + array.shape)
+            if kind == INDEXED:
+                array = array.reshape((size * array.shape[1],) + array.shape[2:])
+        new_inputs.append(array)
+
+    new_indices = {}
+    for role in OPERANDS:
+        if not role_mapped[role] or kinds[role] == BATCHED:
+            if kinds[role] == INDEXED:
+                new_indices[role] = folded_index[role]
+            continue
+        if kinds[role] == SHARED:
+            kinds[role], rows[role] = INDEXED, size
+            new_indices[role] = jnp.arange(size * edges, dtype=jnp.int32) // max(edges, 1)
         else:
-            index = index_of_edge[op]
-            if is_mapped:
-                rows = array.shape[1]
-                index = _offset_index(index, rows, size, edges)
-                array = array.reshape((size * rows,) + array.shape[2:])
-            new_operands[op] = array
-            new_indices[op] = index
-
-    out_kind = new_kinds[output]
-    new_rows = None
-    if out_kind == SHARED:
-        new_kinds[output] = INDEXED
-        new_indices[output] = edge_to_vmap_row
-        new_rows = size
-    elif out_kind == INDEXED:
-        new_indices[output] = _offset_index(index_of_edge[output], output_rows, size, edges)
-        new_rows = size * output_rows
-
-    kinds_tuple = tuple(new_kinds[op] for op in ("x", "y", "w", "z"))
-    result = bind(
-        problem, output, kinds_tuple, new_operands, new_indices,
-        output_rows=new_rows, backend=backend,
+            new_indices[role] = _shift_index(folded_index[role], rows[role], size, edges)
+            rows[role] = size * rows[role]
+    new_call = dataclasses.replace(
+        call, kinds=tuple(kinds[r] for r in OPERANDS), rows=tuple(rows[r] for r in OPERANDS)
     )
-    if out_kind == BATCHED:
-        result = result.reshape((size, edges, result.shape[-1]))
-    elif out_kind == INDEXED:
-        result = result.reshape((size, output_rows, result.shape[-1]))
-    return result, 0
+    schedules = None
+    if call.deterministic:
+        schedules = {r: sort_edges(new_indices[r], rows[r]) for r in new_call.indexed_roles}
+    results = bind(new_call, new_inputs, new_indices, schedules, backend=backend)
+    shaped = []
+    for output, result in zip(call.outputs, results):
+        if call.kind(output.role) == SHARED:
+            shaped.append(result)
+        else:
+            shaped.append(result.reshape((size, -1) + result.shape[1:]))
+    return shaped, [0] * len(shaped)
 
 
-def _flat_index(index, is_mapped, size, edges):
+def _fold_index(index, is_mapped, size, edges):
     """Index array of the folded edge axis, shape ``(V*E,)``."""
     if not is_mapped:
         index = jnp.broadcast_to(index, (size, edges))
     return index.reshape(size * edges)
 
 
-def _offset_index(index, rows, size, edges):
+def _shift_index(index, rows, size, edges):
     """Shift the folded index of vmap slice ``v`` by ``v*rows``; invalid stays invalid."""
     offset = (jnp.arange(size * edges, dtype=index.dtype) // max(edges, 1)) * rows
     valid = (index >= 0) & (index < rows)
@@ -208,9 +225,26 @@ def _offset_index(index, rows, size, edges):
 batching.primitive_batchers[cgtp_p] = _batch
 
 
-def _reference_lowering(*args, problem, output, kinds, output_rows, backend):
+def reference_outputs(call: Call, *args):
+    """Every output of ``call`` as the sum of its terms, each on the pure-JAX reference."""
+    inputs, indices, _ = call.split(args)
+    index_args = [indices[r] for r in call.indexed_roles]
+    results = []
+    for output in call.outputs:
+        total = None
+        for term in output.terms:
+            value = reference.member(
+                call.term_problem(term), output.role, call.kinds, call.row_count(output.role),
+                *[inputs[a] for a in term.args], *index_args,
+            )
+            total = value if total is None else total + value
+        results.append(total)
+    return results
+
+
+def _reference_lowering(*args, call, backend):
     del backend
-    return reference.member(problem, output, kinds, output_rows, *args)
+    return reference_outputs(call, *args)
 
 
-mlir.register_lowering(cgtp_p, mlir.lower_fun(_reference_lowering, multiple_results=False))
+mlir.register_lowering(cgtp_p, mlir.lower_fun(_reference_lowering, multiple_results=True))

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import primitives
 from .backend import check_backend
+from .call import forward_call
 from .operands import BATCHED, SHARED
 from .problem import Problem, make_problem, parse_irreps
 
@@ -113,14 +114,8 @@ class TensorProduct:
         def flat(array):
             return jnp.broadcast_to(array, batch + array.shape[-1:]).reshape(rows, array.shape[-1])
 
-        z = primitives.bind(
-            problem,
-            "z",
-            (BATCHED, BATCHED, SHARED if shared else BATCHED, BATCHED),
-            {"x": flat(x), "y": flat(y), "w": w if shared else flat(w)},
-            {},
-            backend=self.backend,
-        )
+        call = forward_call(problem, (BATCHED, BATCHED, SHARED if shared else BATCHED, BATCHED))
+        (z,) = primitives.bind(call, [flat(x), flat(y), w if shared else flat(w)], backend=self.backend)
         return z.reshape(batch + (problem.irreps_out.dim,))
 
 

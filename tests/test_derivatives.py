@@ -139,9 +139,24 @@ def test_second_derivative_is_expressed_with_family_calls_only():
     assert "cgtp" in hessian_names and not {"dot_general", "einsum"} & set(hessian_names)
 
 
+def _family_calls(jaxpr):
+    return [e for e in jaxpr.eqns if e.primitive is cgtp_p]
+
+
 def test_gradient_of_shared_weights_is_one_reducing_family_call():
     spec, tp = small_problem("uvu")
     x, y, w = random_inputs(jax.random.PRNGKey(16), spec, (7,), tp.weight_numel, jnp.float64)
     jaxpr = jax.make_jaxpr(jax.grad(lambda w: jnp.sum(tp(x, y, w))))(w).jaxpr
-    members = [e for e in jaxpr.eqns if e.primitive is cgtp_p and e.params["output"] == "w"]
+    members = [e for e in _family_calls(jaxpr) if [o.role for o in e.params["call"].outputs] == ["w"]]
     assert len(members) == 1 and members[0].outvars[0].aval.shape == (tp.weight_numel,)
+
+
+def test_backward_of_all_operands_is_one_fused_call():
+    spec, tp = small_problem("uvw")
+    x, y, w = random_inputs(jax.random.PRNGKey(17), spec, (5,), tp.weight_numel, jnp.float64, False)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda *a: jnp.sum(tp(*a) ** 2), argnums=(0, 1, 2)))(x, y, w).jaxpr
+    calls = _family_calls(jaxpr)
+    assert len(calls) == 2  # the forward and one fused backward
+    backward = calls[1].params["call"]
+    assert [o.role for o in backward.outputs] == ["x", "y", "w"]
+    assert all(len(o.terms) == 1 for o in backward.outputs)

@@ -5,8 +5,8 @@
 // the outputs that accumulate, and launches. The CUDA driver is loaded lazily with dlopen, so
 // the extension builds without a CUDA toolkit and imports on machines without a GPU.
 //
-// Kernel signature expected by the launcher (see jax_cgtp/codegen):
-//   extern "C" __global__ void kernel(const T* in0, ..., T* out0, ..., long long num_edges)
+// Kernel signature expected by the launcher (see jax_cgtp/codegen.py): one pointer per operand
+// buffer, then one per result buffer, then one `long long` per entry of the `scalars` attribute.
 
 #include <dlfcn.h>
 
@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -40,6 +41,8 @@ constexpr int kFuncAttributeMaxDynamicSharedSize = 8;  // CU_FUNC_ATTRIBUTE_MAX_
 
 struct Driver {
   CUresult (*cuInit)(unsigned);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
   CUresult (*cuStreamGetCtx)(CUstream, CUcontext*);
   CUresult (*cuCtxGetCurrent)(CUcontext*);
   CUresult (*cuCtxSetCurrent)(CUcontext);
@@ -68,6 +71,8 @@ const Driver& GetDriver() {
       return d;
     }
     bool ok = Resolve(library, "cuInit", d.cuInit) &&
+              Resolve(library, "cuDeviceGet", d.cuDeviceGet) &&
+              Resolve(library, "cuDeviceGetAttribute", d.cuDeviceGetAttribute) &&
               Resolve(library, "cuStreamGetCtx", d.cuStreamGetCtx) &&
               Resolve(library, "cuCtxGetCurrent", d.cuCtxGetCurrent) &&
               Resolve(library, "cuCtxSetCurrent", d.cuCtxSetCurrent) &&
@@ -93,11 +98,11 @@ ffi::Error DriverError(const Driver& d, CUresult status, const char* what) {
   return ffi::Error::Internal(std::string("jax_cgtp: ") + what + " failed: " + message);
 }
 
-// Loaded kernels, keyed by (context, image bytes, kernel name). Images are a few hundred KB at
-// most and few per program, so keying by content keeps the cache simple and exact.
+// Loaded kernels, keyed by (context, image id, kernel name). The image id is a hash of the image
+// computed once in Python, so a launch never compares or copies the image itself.
 struct KernelCache {
   std::mutex mutex;
-  std::map<std::tuple<CUcontext, std::string, std::string>, CUfunction> functions;
+  std::map<std::tuple<CUcontext, int64_t, std::string>, CUfunction> functions;
 };
 
 KernelCache& GetCache() {
@@ -106,16 +111,17 @@ KernelCache& GetCache() {
 }
 
 ffi::ErrorOr<CUfunction> LoadKernel(const Driver& d, CUcontext context,
-                                    ffi::Span<const uint8_t> image, std::string_view name,
-                                    int64_t shared_bytes) {
+                                    ffi::Span<const uint8_t> image, int64_t image_id,
+                                    std::string_view name, int64_t shared_bytes) {
   KernelCache& cache = GetCache();
-  auto key = std::make_tuple(context, std::string(image.begin(), image.end()), std::string(name));
+  auto key = std::make_tuple(context, image_id, std::string(name));
   std::lock_guard<std::mutex> lock(cache.mutex);
   auto found = cache.functions.find(key);
   if (found != cache.functions.end()) return found->second;
 
+  std::string bytes(image.begin(), image.end());
   CUmodule module = nullptr;
-  if (CUresult s = d.cuModuleLoadData(&module, std::get<1>(key).data()); s != 0) {
+  if (CUresult s = d.cuModuleLoadData(&module, bytes.data()); s != 0) {
     return ffi::Unexpected(DriverError(d, s, "cuModuleLoadData"));
   }
   CUfunction function = nullptr;
@@ -132,9 +138,10 @@ ffi::ErrorOr<CUfunction> LoadKernel(const Driver& d, CUcontext context,
 }
 
 ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                  ffi::Span<const uint8_t> image, std::string_view kernel, int64_t grid,
-                  int64_t block, int64_t shared_bytes, int64_t num_edges,
-                  ffi::Span<const int64_t> zero_outputs) {
+                  ffi::Span<const uint8_t> image, int64_t image_id, std::string_view kernel,
+                  int64_t grid, int64_t block, int64_t shared_bytes,
+                  ffi::Span<const int64_t> scalars, ffi::Span<const int64_t> zero_outputs,
+                  int64_t poison) {
   const Driver& d = GetDriver();
   if (!d.load_error.empty()) return ffi::Error::Internal("jax_cgtp: " + d.load_error);
 
@@ -159,23 +166,25 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets r
     auto buffer = rets.get<ffi::AnyBuffer>(i);
     if (buffer.has_error()) return buffer.error();
     pointers.push_back((*buffer)->untyped_data());
+    // Accumulated outputs start from zero; with `poison`, the others start as NaN (all bits
+    // set), so that a test sees any element the kernel fails to write.
     bool zero = i < zero_outputs.size() && zero_outputs[i] != 0;
-    if (zero && (*buffer)->size_bytes() > 0) {
-      CUresult s = d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>((*buffer)->untyped_data()), 0,
-                                     (*buffer)->size_bytes(), stream);
+    if ((zero || poison != 0) && (*buffer)->size_bytes() > 0) {
+      CUresult s = d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>((*buffer)->untyped_data()),
+                                     zero ? 0 : 0xff, (*buffer)->size_bytes(), stream);
       if (s != 0) return DriverError(d, s, "cuMemsetD8Async");
     }
   }
   if (grid == 0) return ffi::Error::Success();
 
-  auto function = LoadKernel(d, context, image, kernel, shared_bytes);
+  auto function = LoadKernel(d, context, image, image_id, kernel, shared_bytes);
   if (function.has_error()) return function.error();
 
-  long long edges = num_edges;
+  std::vector<long long> values(scalars.begin(), scalars.end());
   std::vector<void*> params;
-  params.reserve(pointers.size() + 1);
+  params.reserve(pointers.size() + values.size());
   for (void*& pointer : pointers) params.push_back(&pointer);
-  params.push_back(&edges);
+  for (long long& value : values) params.push_back(&value);
   CUresult s = d.cuLaunchKernel(*function, static_cast<unsigned>(grid), 1, 1,
                                 static_cast<unsigned>(block), 1, 1,
                                 static_cast<unsigned>(shared_bytes), stream, params.data(), nullptr);
@@ -191,15 +200,33 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxCgtpLaunch, Launch,
                                   .RemainingArgs()
                                   .RemainingRets()
                                   .Attr<ffi::Span<const uint8_t>>("image")
+                                  .Attr<int64_t>("image_id")
                                   .Attr<std::string_view>("kernel")
                                   .Attr<int64_t>("grid")
                                   .Attr<int64_t>("block")
                                   .Attr<int64_t>("shared_bytes")
-                                  .Attr<int64_t>("num_edges")
-                                  .Attr<ffi::Span<const int64_t>>("zero_outputs"));
+                                  .Attr<ffi::Span<const int64_t>>("scalars")
+                                  .Attr<ffi::Span<const int64_t>>("zero_outputs")
+                                  .Attr<int64_t>("poison"));
+
+// Compute capability of CUDA device `ordinal` as major * 10 + minor (e.g. 90), for NVRTC's target.
+int ComputeCapability(int ordinal) {
+  const Driver& d = GetDriver();
+  if (!d.load_error.empty()) throw std::runtime_error("jax_cgtp: " + d.load_error);
+  CUdevice device = 0;
+  int major = 0, minor = 0;
+  if (d.cuDeviceGet(&device, ordinal) != 0 ||
+      d.cuDeviceGetAttribute(&major, 75, device) != 0 ||  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+      d.cuDeviceGetAttribute(&minor, 76, device) != 0) {  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+    throw std::runtime_error("jax_cgtp: cannot read the compute capability of CUDA device " +
+                             std::to_string(ordinal));
+  }
+  return major * 10 + minor;
+}
 
 NB_MODULE(_ffi, m) {
   m.doc() = "XLA FFI handlers of jax_cgtp (CUDA platform).";
+  m.def("compute_capability", &ComputeCapability, nb::arg("ordinal") = 0);
   m.def("registrations", []() {
     nb::dict targets;
     targets["jax_cgtp_launch"] = nb::capsule(reinterpret_cast<void*>(JaxCgtpLaunch));

@@ -29,7 +29,7 @@ from jax._src import dispatch  # apply_primitive: eager evaluation through the l
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import reference
+from . import cuda_lowering, reference
 from .call import Call, Output, Term, num_edges, output_shape, prune_inputs
 from .graph import sort_edges
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
@@ -243,8 +243,12 @@ def reference_outputs(call: Call, *args):
 
 
 def _reference_lowering(*args, call, backend):
-    del backend
+    if backend == "cuda":
+        raise ValueError("backend='cuda' needs the computation to be lowered for an NVIDIA GPU; "
+                         "use backend='auto' to fall back to the reference path elsewhere")
     return reference_outputs(call, *args)
 
 
-mlir.register_lowering(cgtp_p, mlir.lower_fun(_reference_lowering, multiple_results=True))
+_reference_rule = mlir.lower_fun(_reference_lowering, multiple_results=True)
+mlir.register_lowering(cgtp_p, _reference_rule)
+mlir.register_lowering(cgtp_p, cuda_lowering.lowering(_reference_rule), platform="cuda")

@@ -1,0 +1,38 @@
+// Device helpers shared by every generated jax_cgtp kernel (see jax_cgtp/codegen.py).
+//
+// The generated code defines `T` (the float type, float or double) and `I` (the index type, int
+// or long long) before including this file. A warp owns one tile of edges at a time; these helpers
+// move a block chunk of 32 rows between global memory and the warp's shared-memory buffer with
+// coalesced accesses, and write results with one of three flush operations.
+
+#define CGTP_FULL_MASK 0xffffffffu
+
+// Copy `count` contiguous elements (rows of `S` elements, at most 32 rows) into shared memory
+// rows of `SP` elements (SP odd, so that lane-strided reads hit distinct banks).
+template <int S, int SP>
+__device__ __forceinline__ void cgtp_stage(T* __restrict__ dst, const T* __restrict__ src, int count,
+                                           int lane) {
+#pragma unroll
+  for (int r = 0; r < S; ++r) {
+    const int q = r * 32 + lane;
+    if (q < count) dst[(SP == S) ? q : (q / S) * SP + q % S] = src[q];
+  }
+}
+
+// Flush operations: plain store (the row belongs to this edge), read-modify-write (the row belongs
+// to this warp: a shared-operand partial or a deterministic segment), atomic add (shared rows).
+__device__ __forceinline__ void cgtp_store(T* p, T v) { *p = v; }
+__device__ __forceinline__ void cgtp_rmw(T* p, T v) { *p += v; }
+__device__ __forceinline__ void cgtp_atomic(T* p, T v) { atomicAdd(p, v); }
+
+// Sum over the 32 lanes; every lane receives the total.
+__device__ __forceinline__ T cgtp_warp_sum(T v) {
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(CGTP_FULL_MASK, v, s);
+  return v;
+}
+
+// An index is valid when it lies in [0, rows).
+__device__ __forceinline__ bool cgtp_valid(long long index, long long rows) {
+  return index >= 0 && index < rows;
+}

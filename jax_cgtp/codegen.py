@@ -1,0 +1,409 @@
+"""CUDA source for one :class:`~jax_cgtp.schedule.KernelSchedule`.
+
+The kernel is straight-line code over the sparse CG structure: every path (instruction) of every
+slot becomes a block that loads the operand components it needs into registers, then
+accumulates ``pw * C[i,j,k]`` products for the CG nonzeros only, fully unrolled. Comments name
+the slots, paths and irreps. Device helpers (staging, flushes, warp sums) come from
+``cuda/cgtp_device.cuh``.
+
+Kernel parameters, in order: the call's inputs (``in0 ...``), one index array per INDEXED role
+(``idx_x ...``), for deterministic calls a ``(perm_r, off_r)`` pair per INDEXED role, the
+kernel's outputs (``out0 ...``), then ``long long`` scalars: the edge count and the row count of
+each INDEXED role.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import pathlib
+
+from .operands import BATCHED, INDEXED, SHARED
+from .schedule import WARP, Contribution, Factor, KernelSchedule, Slot
+
+_HEADER = "cgtp_device.cuh"
+KERNEL_NAME = "cgtp_kernel"
+
+
+@functools.lru_cache(maxsize=None)
+def device_header() -> str:
+    """The text of ``cgtp_device.cuh`` (source tree first, then the installed copy)."""
+    here = pathlib.Path(__file__).resolve().parent
+    for folder in (here.parent / "cuda", here / "cuda"):
+        path = folder / _HEADER
+        if path.is_file():
+            return path.read_text()
+    raise FileNotFoundError(f"jax_cgtp: {_HEADER} is missing from {here.parent / 'cuda'} and {here / 'cuda'}")
+
+
+class _Writer:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def __call__(self, line: str = "") -> None:
+        self.lines.append("  " * self.depth + line if line else "")
+
+    def open(self, line: str) -> None:
+        self(f"{line} {{" if line else "{")
+        self.depth += 1
+
+    def close(self, tail: str = "") -> None:
+        self.depth -= 1
+        self("}" + tail)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def scalar_names(schedule: KernelSchedule) -> list[str]:
+    """Names of the ``long long`` scalars after the buffers, in order."""
+    return ["num_edges"] + [f"rows_{r}" for r in schedule.call.indexed_roles]
+
+
+def _literal(value: float, dtype: str) -> str:
+    return f"{value:.17e}" if dtype == "double" else f"{value:.9e}f"
+
+
+def _row_of(schedule: KernelSchedule, role: str) -> str:
+    kind = schedule.call.kind(role)
+    return {BATCHED: "e", INDEXED: f"ix_{role}", SHARED: "0"}[kind]
+
+
+def generate(schedule: KernelSchedule) -> str:
+    """The CUDA C++ source of ``schedule``'s kernel, named :data:`KERNEL_NAME`."""
+    call = schedule.call
+    problem = call.problem
+    w = _Writer()
+    w(f"// jax_cgtp kernel: {problem}")
+    w(f"//   irreps_in1 (x) = {problem.irreps_in1}, irreps_in2 (y) = {problem.irreps_in2}, "
+      f"irreps_out (z) = {problem.irreps_out}")
+    kinds = ", ".join(f"{r}: {call.kind(r)}" for r in "xywz")
+    w(f"//   operand kinds: {kinds}; inputs: {', '.join(f'in{n}={r}' for n, r in enumerate(call.roles))}")
+    for k, out in enumerate(schedule.outputs):
+        terms = " + ".join(
+            f"d/d{out.role}[{', '.join(f'in{a}' for a in t.args)}]{' (weighted paths)' if t.weighted_only else ''}"
+            for t in call.outputs[out.call_output].terms
+        )
+        w(f"//   out{k} ({out.role}, {out.kind}, flush by {out.flush}) = {terms}")
+    w(f"//   tiling: {schedule.tiling}, tile {schedule.tile} edges, {schedule.warps_per_block} warps per block")
+    w(f"typedef {schedule.dtype} T;")
+    w(f"typedef {schedule.index_dtype} I;")
+    w(device_header())
+    params = [f"const T* __restrict__ in{n}" for n in range(call.num_inputs)]
+    params += [f"const I* __restrict__ idx_{r}" for r in call.indexed_roles]
+    if call.deterministic:
+        for r in call.indexed_roles:
+            params += [f"const I* __restrict__ perm_{r}", f"const I* __restrict__ off_{r}"]
+    params += [f"T* __restrict__ out{k}" for k in range(len(schedule.outputs))]
+    params += [f"const long long {name}" for name in scalar_names(schedule)]
+    w(f'extern "C" __global__ void __launch_bounds__({schedule.block}) {KERNEL_NAME}(')
+    for n, p in enumerate(params):
+        w("    " + p + ("," if n + 1 < len(params) else ") {"))
+    w.depth += 1
+    _emit_prologue(w, schedule)
+    _emit_tiles(w, schedule)
+    w.close()
+    return w.text()
+
+
+def _emit_prologue(w: _Writer, schedule: KernelSchedule) -> None:
+    w("extern __shared__ __align__(16) unsigned char cgtp_smem[];")
+    w("const int lane = threadIdx.x & 31;")
+    w(f"T* const warp_smem = reinterpret_cast<T*>(cgtp_smem) + (threadIdx.x >> 5) * {schedule.smem_per_warp};")
+    offset = 0
+    for role, size in schedule.stage_sizes:
+        w(f"T* const stage_{role} = warp_smem + {offset};  // staged {role} rows")
+        offset += size
+    if schedule.transpose_size:
+        w(f"T* const obuf = warp_smem + {offset};  // output transposition")
+    w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
+    w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
+
+
+def _emit_tiles(w: _Writer, schedule: KernelSchedule) -> None:
+    call = schedule.call
+    if schedule.tiling == "segments":
+        r = schedule.segment_role
+        w(f"// one warp reduces each {r}-node: its edges in sorted order, 32 at a time; runs -1 and")
+        w(f"// rows_{r} hold the edges whose {r}-index is out of range (their per-edge outputs get zeros)")
+        w.open(f"for (long long run = warp; run < rows_{r} + 2; run += num_warps)")
+        w("const long long seg = run - 1;")
+        w(f"const long long seg_begin = seg < 0 ? 0 : (long long)off_{r}[seg];")
+        w(f"const long long seg_end = seg < rows_{r} ? (long long)off_{r}[seg + 1] : num_edges;")
+        w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
+        w("const int count = (int)(seg_end - first < 32 ? seg_end - first : 32);")
+        w(f"const long long my_edge = lane < count ? (long long)perm_{r}[first + lane] : 0;")
+    else:
+        tile = schedule.tile
+        w(f"const long long num_tiles = (num_edges + {tile - 1}) / {tile};")
+        w.open("for (long long tile = warp; tile < num_tiles; tile += num_warps)")
+        w(f"const long long first = tile * {tile};")
+        w(f"const int count = (int)(num_edges - first < {tile} ? num_edges - first : {tile});")
+        w("const long long my_edge = first + lane;")
+    w("bool my_ok = lane < count;")
+    for r in call.indexed_roles:
+        w(f"const long long my_ix_{r} = my_ok ? (long long)idx_{r}[my_edge] : -1;")
+    for r in call.indexed_roles:
+        w(f"my_ok = my_ok && cgtp_valid(my_ix_{r}, rows_{r});")
+    for slot in schedule.slots:
+        _emit_slot(w, schedule, slot)
+    for k, out in enumerate(schedule.outputs):
+        for start, end in out.zero_ranges:
+            w(f"// out{k} ({out.role}) components [{start}, {end}) have no path: zeros")
+            w.open("for (int t = 0; t < count; ++t)")
+            w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
+            w(f"for (int q = lane; q < {end - start}; q += 32) "
+              f"out{k}[e * {out.dim}LL + {start} + q] = T(0);")
+            w.close()
+    if schedule.tiling == "segments":
+        w.close()
+    w.close()
+
+
+def _emit_edge_header(w: _Writer, schedule: KernelSchedule) -> None:
+    w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
+    w("const bool ok = __shfl_sync(CGTP_FULL_MASK, (int)my_ok, t) != 0;")
+    for r in schedule.call.indexed_roles:
+        w(f"const long long ix_{r} = __shfl_sync(CGTP_FULL_MASK, my_ix_{r}, t);")
+
+
+def _emit_pointers(w: _Writer, schedule: KernelSchedule, slot: Slot) -> None:
+    call = schedule.call
+    arrays = sorted({f.array for c in slot.contributions for f in c.factors})
+    for a in arrays:
+        role = call.roles[a]
+        dim = call.problem.operand_dim(role)
+        w(f"const T* const p{a} = in{a} + {_row_of(schedule, role)} * {dim}LL;  // {role} row")
+
+
+def _accumulators(slot: Slot) -> list[str]:
+    if slot.role == "w":
+        return ["acc"]
+    if slot.mode == "reduce":
+        return [f"acc_{m}_{q}" for m in range(slot.mul) for q in range(slot.dim)]
+    return [f"acc_{q}" for q in range(slot.dim)]
+
+
+def _emit_slot(w: _Writer, schedule: KernelSchedule, slot: Slot) -> None:
+    out = schedule.outputs[slot.output]
+    k = slot.output
+    w()
+    paths = ", ".join(str(c.ins_index) for c in slot.contributions)
+    w(f"// ---- out{k}: {slot.name}, {slot.mode} lanes, paths [{paths}]")
+    w.open("")
+    lane_mul = slot.muls[slot.letters.index(slot.lane_letter)] if slot.role == "w" else slot.mul
+    if slot.mode == "output":
+        chunks = -(-lane_mul // WARP)
+        w("#pragma unroll 1")
+        w.open(f"for (int c = 0; c < {chunks}; ++c)")
+        w("const int lc = c * 32 + lane;")
+        w(f"const bool active = lc < {lane_mul};")
+        w(f"const int nrows = {lane_mul} - c * 32 < 32 ? {lane_mul} - c * 32 : 32;")
+    for letter in slot.outer_letters:
+        w("#pragma unroll 1")
+        w.open(f"for (int o_{letter} = 0; o_{letter} < {slot.muls[slot.letters.index(letter)]}; ++o_{letter})")
+    accs = _accumulators(slot)
+    w(f"T {', '.join(a + ' = T(0)' for a in accs)};")
+    if out.kind != BATCHED:
+        w("long long cur = -1;")
+    w("#pragma unroll 1")
+    w.open("for (int t = 0; t < count; ++t)")
+    _emit_edge_header(w, schedule)
+    if out.kind == INDEXED:
+        w("if (!ok) continue;")
+        w.open(f"if (cur >= 0 && ix_{out.role} != cur)")
+        _emit_flush(w, schedule, slot, "cur")
+        w.close()
+        w(f"cur = ix_{out.role};")
+    elif out.kind == SHARED:
+        w("if (!ok) continue;")
+        w("cur = warp;")
+    else:
+        w.open("if (ok)")
+    _emit_pointers(w, schedule, slot)
+    for contribution in slot.contributions:
+        _emit_contribution(w, schedule, slot, contribution)
+    if out.kind == BATCHED:
+        w.close()
+        _emit_flush(w, schedule, slot, "e")
+    w.close()
+    if out.kind != BATCHED:
+        w.open("if (cur >= 0)")
+        _emit_flush(w, schedule, slot, "cur")
+        w.close()
+    for _ in slot.outer_letters:
+        w.close()
+    if slot.mode == "output":
+        w.close()
+    w.close()
+
+
+def _emit_flush(w: _Writer, schedule: KernelSchedule, slot: Slot, row: str) -> None:
+    out = schedule.outputs[slot.output]
+    op = f"cgtp_{out.flush}"
+    accs = _accumulators(slot)
+    w(f"T* const dst = out{slot.output} + {row} * {out.dim}LL + {slot.offset};")
+    if slot.role == "w":
+        address = f"lc * {slot.strides[slot.letters.index(slot.lane_letter)]}"
+        for letter in slot.outer_letters:
+            address += f" + o_{letter} * {slot.strides[slot.letters.index(letter)]}"
+        w(f"if (active) {op}(dst + {address}, acc);")
+    elif slot.mode == "reduce":
+        size = len(accs)
+        for a in accs:
+            w(f"{a} = cgtp_warp_sum({a});")
+        groups = -(-size // WARP)
+        for g in range(groups):
+            w(f"T v{g} = T(0);")
+        for n, a in enumerate(accs):
+            w(f"if (lane == {n % WARP}) v{n // WARP} = {a};")
+        for g in range(groups):
+            w(f"if ({g * WARP} + lane < {size}) {op}(dst + {g * WARP} + lane, v{g});")
+    elif slot.dim == 1:
+        w(f"if (active) {op}(dst + lc, acc_0);")
+    else:
+        d = slot.dim
+        w.open("if (active)")
+        for q, a in enumerate(accs):
+            w(f"obuf[lane * {d} + {q}] = {a};")
+        w.close()
+        w("__syncwarp();")
+        w("#pragma unroll")
+        w.open(f"for (int r = 0; r < {d}; ++r)")
+        w("const int q = r * 32 + lane;")
+        w(f"if (q < nrows * {d}) {op}(dst + c * {WARP * d} + q, obuf[q]);")
+        w.close()
+        w("__syncwarp();")
+    w(" ".join(f"{a} = T(0);" for a in accs))
+
+
+def _factor_bindings(slot: Slot, contribution: Contribution) -> dict[str, str]:
+    """C expressions of the letters fixed outside the contribution's own loops."""
+    bindings = {}
+    if slot.mode == "output":
+        lane_letter = slot.lane_letter if slot.role == "w" else contribution.lane_letter
+        if lane_letter is not None:
+            bindings[lane_letter] = "lc"
+        for letter in slot.letters:
+            if letter != lane_letter:
+                bindings[letter] = f"o_{letter}" if letter in slot.outer_letters else "0"
+    else:
+        bindings[contribution.lane_letter] = "lr"
+    return bindings
+
+
+def _emit_contribution(w: _Writer, schedule: KernelSchedule, slot: Slot, c: Contribution) -> None:
+    problem = schedule.call.problem
+    ins = c.ins
+    names = (problem.irreps_in1[ins.i_in1], problem.irreps_in2[ins.i_in2], problem.irreps_out[ins.i_out])
+    w(f"// path {c.ins_index}: {names[0]} (x) {names[1]} -> {names[2]}, mode {ins.mode}, "
+      f"{'weighted' if ins.has_weight else 'unweighted'}, {len(c.nonzeros)} CG nonzeros")
+    w.open("")
+    bindings = _factor_bindings(slot, c)
+    staged = [f for f in c.factors if f.staged and not slot.outer_letters]
+    if slot.mode == "reduce":
+        lane_mul = c.mul(c.lane_letter)
+        w("#pragma unroll 1")
+        w.open(f"for (int cr = 0; cr < {-(-lane_mul // WARP)}; ++cr)")
+        w("const int lr = cr * 32 + lane;")
+        w(f"const int nr = {lane_mul} - cr * 32 < 32 ? {lane_mul} - cr * 32 : 32;")
+        chunk, rows, guard = "cr", "nr", f"lr < {lane_mul}"
+    else:
+        chunk, rows, guard = "c", "nrows", "active"
+    for f in staged:
+        row = f.strides[0] if f.role == "w" else f.dim
+        width = row if row % 2 else row + 1
+        w(f"cgtp_stage<{row}, {width}>(stage_{f.role}, p{f.array} + {f.offset} + {chunk} * {WARP * row}LL, "
+          f"{rows} * {row}, lane);")
+    if staged:
+        w("__syncwarp();")
+    w.open(f"if ({guard})")
+    _emit_loops(w, schedule, slot, c, bindings, staged)
+    w.close()
+    if staged:
+        w("__syncwarp();")
+    if slot.mode == "reduce":
+        w.close()
+    w.close()
+
+
+def _element(f: Factor, staged: bool, values: dict[str, str], comp: int) -> str:
+    if staged:
+        row = f.strides[0] if f.role == "w" else f.dim
+        width = row if row % 2 else row + 1
+        inner = "".join(f" + {values[c]} * {s}" for c, s in zip(f.letters[1:], f.strides[1:]))
+        return f"stage_{f.role}[lane * {width}{inner} + {comp}]"
+    index = "".join(f" + {values[c]} * {s}" for c, s in zip(f.letters, f.strides))
+    return f"p{f.array}[{f.offset}{index} + {comp}]"
+
+
+def _used_components(c: Contribution, role: str) -> list[int]:
+    if role == "w":
+        return [0]
+    position = {"x": 0, "y": 1, "z": 2}[role]
+    return sorted({nz[position] for nz in c.nonzeros})
+
+
+def _emit_loops(w, schedule, slot, c: Contribution, bindings, staged) -> None:
+    values = dict(bindings)
+    loaded: set[int] = set()
+    static_letters = c.out_letters if slot.mode == "reduce" else ""
+
+    def emit_ready_loads(suffix=""):
+        for n, f in enumerate(c.factors):
+            if n in loaded or any(l not in values for l in f.letters):
+                continue
+            if not suffix and any(l in static_letters for l in f.letters):
+                continue
+            if not suffix:
+                loaded.add(n)
+            for comp in _used_components(c, f.role):
+                w(f"const T f{n}_{comp}{suffix} = {_element(f, f in staged, values, comp)};")
+
+    emit_ready_loads()
+    for letter in c.loop_letters:
+        w("#pragma unroll 2")
+        w.open(f"for (int l_{letter} = 0; l_{letter} < {c.mul(letter)}; ++l_{letter})")
+        values[letter] = f"l_{letter}"
+        emit_ready_loads()
+    if slot.mode == "reduce" and static_letters:
+        for m in range(slot.mul):
+            values[static_letters[0]] = str(m)
+            emit_ready_loads(f"_m{m}")
+            _emit_products(w, schedule, slot, c, f"_m{m}", m)
+    else:
+        _emit_products(w, schedule, slot, c, "", 0)
+    for _ in c.loop_letters:
+        w.close()
+
+
+def _emit_products(w, schedule, slot: Slot, c: Contribution, suffix: str, m: int) -> None:
+    """``acc[q] += W * sum over CG nonzeros of c * A * B`` (or, for weights, the triple product)."""
+    static = set(c.out_letters) if slot.mode == "reduce" else set()
+    factor_of = {f.role: n for n, f in enumerate(c.factors)}
+
+    def name(role, comp):
+        n = factor_of[role]
+        f = c.factors[n]
+        tail = suffix if static & set(f.letters) else ""
+        return f"f{n}_{comp}{tail}"
+
+    dtype = schedule.dtype
+    weight = f" * {name('w', 0)}" if "w" in factor_of and slot.role != "w" else ""
+    if slot.role == "w":
+        terms = [f"{_literal(v, dtype)} * {name('x', i)} * {name('y', j)} * {name('z', k)}"
+                 for i, j, k, v in c.nonzeros]
+        w(f"acc += {' + '.join(terms)};")
+        return
+    position = {"x": 0, "y": 1, "z": 2}[slot.role]
+    others = [r for r in "xyz" if r != slot.role]
+    by_comp: dict[int, list[str]] = {}
+    for nz in c.nonzeros:
+        comps = dict(zip("xyz", nz[:3]))
+        by_comp.setdefault(nz[position], []).append(
+            f"{_literal(nz[3], dtype)} * {name(others[0], comps[others[0]])} * {name(others[1], comps[others[1]])}"
+        )
+    for q, terms in sorted(by_comp.items()):
+        acc = f"acc_{m}_{q}" if slot.mode == "reduce" else f"acc_{q}"
+        w(f"{acc} += ({' + '.join(terms)}){weight};")

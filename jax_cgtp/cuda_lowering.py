@@ -1,0 +1,170 @@
+"""Lowering of ``cgtp`` calls on NVIDIA GPUs: generated kernels launched through an XLA FFI call.
+
+Each launch of the call's schedule becomes one ``jax.ffi.ffi_call`` to the ``jax_cgtp_launch``
+handler (``cuda/ffi_launch.cc``), on XLA's stream. The cubin travels in the HLO as an attribute,
+so compiled executables are self-contained (JAX's persistent compilation cache and
+``jax.export`` keep working). SHARED outputs come back as one partial row per warp and are
+summed here, which keeps them deterministic. With ``JAX_CGTP_POISON_OUTPUTS=1`` set when a
+function is lowered, outputs the kernels overwrite start as NaN instead of uninitialised memory
+(a testing aid: an element a kernel forgets to write shows up).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import codegen, nvrtc, schedule
+from .call import Call, num_edges, output_shape
+from .operands import BATCHED, SHARED
+
+TARGET = "jax_cgtp_launch"
+_KERNEL_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+
+@functools.lru_cache(maxsize=None)
+def _register_target() -> None:
+    try:
+        from . import _ffi
+    except ImportError as error:
+        raise RuntimeError(
+            f"jax_cgtp: the C++ extension jax_cgtp._ffi is not built ({error}); reinstall with "
+            "`pip install -e .` or use backend='reference'"
+        ) from None
+    jax.ffi.register_ffi_target(TARGET, _ffi.registrations()[TARGET], platform="CUDA")
+
+
+@functools.lru_cache(maxsize=None)
+def device_arch() -> str:
+    """NVRTC's target, e.g. ``"sm_90"``: ``$JAX_CGTP_ARCH`` if set (to lower for a GPU that is
+    not attached, e.g. with ``jax.export``), else the first GPU's compute capability."""
+    explicit = os.environ.get("JAX_CGTP_ARCH")
+    if explicit:
+        return explicit
+    try:
+        device = jax.devices("gpu")[0]
+    except RuntimeError:
+        raise RuntimeError(
+            "jax_cgtp: lowering for CUDA needs a visible GPU to pick the kernel architecture; "
+            "set JAX_CGTP_ARCH (e.g. sm_90) to lower for one that is not attached"
+        ) from None
+    capability = getattr(device, "compute_capability", None)
+    if capability:
+        major, minor = str(capability).split(".")[:2]
+        return f"sm_{major}{minor}"
+    from . import _ffi
+
+    return f"sm_{_ffi.compute_capability(0)}"
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(call: Call, dtype: str, index_dtype: str):
+    return schedule.plan(call, dtype, index_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_image(kernel: schedule.KernelSchedule, arch: str) -> tuple[np.ndarray, int]:
+    source = codegen.generate(kernel)
+    cubin = nvrtc.compile_cubin(source, arch, repr(kernel.call.problem))
+    image = np.frombuffer(cubin, np.uint8)
+    image_id = int.from_bytes(hashlib.sha256(cubin).digest()[:8], "little", signed=True)
+    return image, image_id
+
+
+def _common_index_dtype(indices):
+    if any(jnp.dtype(i.dtype) == jnp.int64 for i in indices):
+        return jnp.int64, "long long"
+    return jnp.int32, "int"
+
+
+def launch(call: Call, *args):
+    """Every output of ``call``, computed by its generated kernels (the lowering's body)."""
+    n = call.num_inputs
+    dtype = jnp.dtype(args[0].dtype)
+    if dtype not in _KERNEL_DTYPES:  # half precisions run in float32
+        results = launch(call, *[a.astype(jnp.float32) for a in args[:n]], *args[n:])
+        return [r.astype(dtype) for r in results]
+    index_dtype, index_ctype = _common_index_dtype(args[n:])
+    args = list(args[:n]) + [jnp.asarray(a, index_dtype) for a in args[n:]]
+    edges = num_edges(call, [a.shape for a in args])
+    scalars = np.array([edges] + [call.row_count(r) for r in call.indexed_roles], np.int64)
+    arch = device_arch()
+    results = [None] * len(call.outputs)
+    for kernel in _plan(call, _KERNEL_DTYPES[dtype], index_ctype):
+        segments = call.row_count(kernel.segment_role) if kernel.segment_role else 0
+        grid = kernel.grid(edges, segments)
+        partial_rows = max(grid, 1) * kernel.warps_per_block
+        shapes = [
+            jax.ShapeDtypeStruct(
+                (partial_rows, out.dim) if out.kind == SHARED else output_shape(call, out.role, edges), dtype
+            )
+            for out in kernel.outputs
+        ]
+        image, image_id = _kernel_image(kernel, arch)
+        outputs = jax.ffi.ffi_call(TARGET, shapes)(
+            *args,
+            image=image,
+            image_id=np.int64(image_id),
+            kernel=codegen.KERNEL_NAME,
+            grid=np.int64(grid),
+            block=np.int64(kernel.block),
+            shared_bytes=np.int64(kernel.shared_bytes),
+            scalars=scalars,
+            zero_outputs=np.array([out.kind != BATCHED for out in kernel.outputs], np.int64),
+            poison=np.int64(os.environ.get("JAX_CGTP_POISON_OUTPUTS") == "1"),
+        )
+        for out, value in zip(kernel.outputs, outputs):
+            results[out.call_output] = value.sum(axis=0) if out.kind == SHARED else value
+    return results
+
+
+def lowering(reference_rule):
+    """The CUDA lowering rule; ``backend="reference"`` calls use ``reference_rule`` instead."""
+    from jax.interpreters import mlir
+
+    def rule(ctx, *args, call, backend):
+        if backend == "reference":
+            return reference_rule(ctx, *args, call=call, backend=backend)
+        _register_target()
+        return mlir.lower_fun(functools.partial(launch, call), multiple_results=True)(ctx, *args)
+
+    return rule
+
+
+def _calls_in(jaxpr):
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "cgtp" and eqn.params["backend"] != "reference":
+            dtype = jnp.dtype(eqn.invars[0].aval.dtype)
+            call = eqn.params["call"]
+            indices = [v.aval for v in eqn.invars[call.num_inputs :]]
+            yield call, dtype, _common_index_dtype(indices)[1]
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", None)
+                if inner is not None:
+                    yield from _calls_in(getattr(inner, "jaxpr", inner))
+
+
+def precompile(fun, *args, max_workers: int | None = None) -> int:
+    """Compile, in parallel, the kernels every ``cgtp`` call of ``fun(*args)`` needs.
+
+    Tracing alone finds the calls (derivatives included); NVRTC runs in a thread pool, so a
+    model's first step does not compile its kernels one after the other. Returns the number of
+    kernels. Needs NVRTC and a GPU (or ``$JAX_CGTP_ARCH``).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    jaxpr = jax.make_jaxpr(fun)(*args).jaxpr
+    kernels = set()
+    for call, dtype, index_ctype in _calls_in(jaxpr):
+        kernel_dtype = _KERNEL_DTYPES.get(dtype, "float")
+        kernels.update(_plan(call, kernel_dtype, index_ctype))
+    arch = device_arch()
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        list(pool.map(lambda kernel: _kernel_image(kernel, arch), kernels))
+    return len(kernels)

@@ -1,0 +1,370 @@
+"""The schedule of a call's CUDA kernels: pure static analysis, no GPU needed.
+
+The schedule decides, for one :class:`~jax_cgtp.call.Call`:
+
+* **kernels**: the outputs are split into launches. One launch computes every output whose rows
+  it can write without conflicts: all of them when scatter-sums use atomics; with a
+  deterministic call, one launch per INDEXED output role, edges visited in that role's sorted
+  order and each node's run reduced by one warp.
+* **tiles**: each warp takes a tile of edges at a time (``TILE`` consecutive edges, or one node's
+  run of sorted edges) and, inside the tile, the edges one after the other.
+* **slots**: each output is produced block by block (an irreps block of x, y or z, or a path's
+  weights). A slot's accumulators stay in registers while the warp walks the tile's edges; they
+  are flushed when the output row changes (every edge for a BATCHED output, when the index
+  changes for an INDEXED one, at the end of the tile for a SHARED one).
+* **lanes**: in a slot the 32 lanes of a warp split one multiplicity letter, 32 channels at a time
+  (*output-lane* mode, no reduction), or, when the output block is narrow (e.g. ``ȳ`` for
+  ``1x2e`` spherical harmonics), a contracted letter, followed by a warp reduction (*reduce* mode).
+* **staging**: a per-edge operand block read lane-strided (``x[u, i]`` with lanes over ``u``) is
+  first copied, 32 rows at a time, into the warp's shared memory with coalesced loads.
+
+The result is plain data that :mod:`jax_cgtp.codegen` turns into CUDA source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .call import Call, Term
+from .operands import BATCHED, INDEXED, OPERANDS, SHARED
+from .problem import MODE_SUBSCRIPTS, Instruction, Problem, cg_nonzeros
+
+WARP = 32
+WARPS_PER_BLOCK = 4
+TILE_INDEXED = 32  # edges per tile when rows are accumulated across edges
+MAX_BLOCKS = 8192
+MAX_PARTIAL_BLOCKS = 256  # a SHARED output keeps one partial row per warp
+MAX_STAGE_BYTES = 8192  # per staged operand and warp
+MAX_REDUCE_ACCUMULATORS = 64
+CG_INDEX = {"x": 0, "y": 1, "z": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Factor:
+    """One operand a contribution reads: ``array`` is the call input it comes from.
+
+    Element ``(letters..., comp)`` lives at ``offset + sum(value * stride) + comp`` of the row.
+    """
+
+    role: str
+    array: int
+    letters: str
+    muls: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    dim: int
+    staged: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Contribution:
+    """One instruction's share of a slot, for one term of the output.
+
+    ``out_letters`` are the instruction's letters of the output block; ``lane_letter`` is the
+    letter the 32 lanes split (an output letter in output-lane mode, a contracted one in reduce
+    mode, None when the block has a single channel); ``loop_letters`` are the contracted letters
+    walked by runtime loops.
+    """
+
+    ins_index: int
+    ins: Instruction
+    factors: tuple[Factor, ...]
+    nonzeros: tuple[tuple[int, int, int, float], ...]  # (i, j, k, pw * C[i, j, k])
+    out_letters: str
+    lane_letter: str | None
+    loop_letters: tuple[str, ...]
+    letter_muls: tuple[tuple[str, int], ...]
+
+    def mul(self, letter: str) -> int:
+        return dict(self.letter_muls)[letter]
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """One block of one output, ``mul`` channels of ``dim`` components at ``offset`` of the row.
+
+    For a path's weights (role ``w``), the channels are the path's weight letters ``letters``
+    (sizes ``muls``, C-order ``strides``); lanes split ``lane_letter``, the other letters of size
+    above one (``outer_letters``) are walked by loops, and letters of size one are 0. For x, y, z blocks, channel ``c`` is at
+    ``offset + c * dim``.
+    """
+
+    output: int  # position among the kernel's outputs
+    role: str
+    name: str
+    offset: int
+    mul: int
+    dim: int
+    mode: str  # "output" (lanes split the output's channels) or "reduce"
+    letters: str = ""
+    muls: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+    lane_letter: str | None = None
+    outer_letters: tuple[str, ...] = ()
+    contributions: tuple[Contribution, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return self.mul * self.dim
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOutput:
+    call_output: int  # index in call.outputs
+    role: str
+    kind: str
+    dim: int
+    flush: str  # "store", "rmw" or "atomic"
+    zero_ranges: tuple[tuple[int, int], ...]  # BATCHED: row ranges no slot writes
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSchedule:
+    """Everything the code generator needs for one launch."""
+
+    call: Call
+    dtype: str  # "float" or "double"
+    index_dtype: str  # "int" or "long long"
+    outputs: tuple[KernelOutput, ...]
+    slots: tuple[Slot, ...]
+    tiling: str  # "tiles" or "segments"
+    tile: int
+    segment_role: str | None
+    stage_sizes: tuple[tuple[str, int], ...]  # shared-memory elements per warp for each role
+    transpose_size: int  # shared-memory elements per warp for output transposition
+    warps_per_block: int
+
+    @property
+    def itemsize(self) -> int:
+        return 8 if self.dtype == "double" else 4
+
+    @property
+    def smem_per_warp(self) -> int:
+        return sum(size for _, size in self.stage_sizes) + self.transpose_size
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.smem_per_warp * self.warps_per_block * self.itemsize
+
+    @property
+    def block(self) -> int:
+        return self.warps_per_block * WARP
+
+    def grid(self, num_edges: int, num_segments: int) -> int:
+        """Blocks to launch; warps loop over tiles grid-stride."""
+        tiles = num_segments + 2 if self.tiling == "segments" else -(-num_edges // self.tile)
+        blocks = -(-tiles // self.warps_per_block)
+        cap = MAX_PARTIAL_BLOCKS if self.has_partials else MAX_BLOCKS
+        return max(0, min(blocks, cap))
+
+    @property
+    def has_partials(self) -> bool:
+        return any(o.kind == SHARED for o in self.outputs)
+
+
+def letter_muls(ins: Instruction) -> dict[str, int]:
+    return {"u": ins.mul_in1, "v": ins.mul_in2, "w": ins.mul_out}
+
+
+def block_letters(ins: Instruction, role: str) -> str:
+    """Multiplicity letters of the instruction's block of ``role``.
+
+    Without weights, a letter that no input carries is dropped (unweighted ``uuw`` sums over u
+    into an output block of multiplicity 1), as in :mod:`jax_cgtp.reference`.
+    """
+    letters = MODE_SUBSCRIPTS[ins.mode][role]
+    if ins.has_weight or role != "z":
+        return letters
+    inputs = MODE_SUBSCRIPTS[ins.mode]["x"] + MODE_SUBSCRIPTS[ins.mode]["y"]
+    return "".join(c for c in letters if c in inputs)
+
+
+def _block_layout(problem: Problem, ins: Instruction, role: str):
+    """``(offset, letters, muls, strides, dim)`` of the instruction's block of ``role``."""
+    letters = block_letters(ins, role)
+    muls = tuple(letter_muls(ins)[c] for c in letters)
+    if role == "w":
+        strides = tuple(math.prod(muls[n + 1 :]) for n in range(len(muls)))
+        return ins.weight_offset, letters, muls, strides, 1
+    offset, _, dim = problem.block(ins, role)
+    return offset, letters, muls, tuple(dim for _ in letters), dim
+
+
+def _output_slots(problem: Problem, role: str):
+    """``(name, offset, [indices of the instructions writing it])`` for each block of ``role``."""
+    if role == "w":
+        for n, ins in enumerate(problem.instructions):
+            if ins.has_weight:
+                yield f"path {n} weights", ins.weight_offset, [n]
+        return
+    irreps = {"x": problem.irreps_in1, "y": problem.irreps_in2, "z": problem.irreps_out}[role]
+    field = {"x": "i_in1", "y": "i_in2", "z": "i_out"}[role]
+    for slot, mul_ir in enumerate(irreps):
+        users = [n for n, ins in enumerate(problem.instructions) if getattr(ins, field) == slot]
+        yield f"{role} block {slot} ({mul_ir})", irreps[:slot].dim, users
+
+
+def _stage_width(strides_after: int, dim: int) -> int:
+    width = strides_after * dim
+    return width if width % 2 else width + 1
+
+
+def _factor(call: Call, ins: Instruction, role: str, array: int, lane: str | None,
+            itemsize: int) -> Factor:
+    offset, letters, muls, strides, dim = _block_layout(call.problem, ins, role)
+    staged = False
+    if call.kind(role) != SHARED and lane is not None and letters[:1] == lane:
+        row = strides[0] if role == "w" else dim
+        staged = row > 1 and WARP * _stage_width(row, 1) * itemsize <= MAX_STAGE_BYTES
+    return Factor(role, array, letters, muls, strides, offset, dim, staged)
+
+
+def _used_letters(ins: Instruction, output_role: str) -> str:
+    """Letters read by the factors of a contribution to ``output_role``."""
+    roles = [r for r in OPERANDS if r != output_role and (r != "w" or ins.has_weight)]
+    return "".join(block_letters(ins, r) for r in roles)
+
+
+def _contracted(ins: Instruction, role: str) -> dict[str, int]:
+    """Letters a contribution sums over (read by its factors, absent from its output block)."""
+    out = block_letters(ins, role)
+    return {c: letter_muls(ins)[c] for c in "uvw" if c in _used_letters(ins, role) and c not in out}
+
+
+def _contribution(call: Call, role: str, term: Term, n: int, ins: Instruction, lane, itemsize: int):
+    roles = call.term_roles(role)
+    factors = tuple(
+        _factor(call, ins, r, array, lane, itemsize)
+        for r, array in zip(roles, term.args)
+        if r != "w" or ins.has_weight
+    )
+    out_letters = block_letters(ins, role)
+    loops = tuple(c for c in _contracted(ins, role) if c != lane)
+    return Contribution(
+        n, ins, factors, tuple(cg_nonzeros(call.problem, ins)), out_letters, lane, loops,
+        tuple(letter_muls(ins).items()),
+    )
+
+
+def _pairs(call: Call, output, users):
+    """Every (term, instruction index, instruction) feeding a slot of ``output``."""
+    problem = call.problem
+    result = []
+    for term in output.terms:
+        for n in users:
+            ins = problem.instructions[n]
+            if not ins.is_active or (term.weighted_only and not ins.has_weight):
+                continue
+            if output.role == "w" and not ins.has_weight:
+                continue
+            result.append((term, n, ins))
+    return result
+
+
+def _plan_slot(call: Call, k: int, output, name: str, offset: int, users, itemsize: int):
+    role = output.role
+    pairs = _pairs(call, output, users)
+    if not pairs:
+        return None
+    if role == "w":
+        _, letters, muls, strides, _ = _block_layout(call.problem, pairs[0][2], "w")
+        lane = max(letters, key=lambda c: (muls[letters.index(c)], letters.index(c)))
+        contributions = tuple(_contribution(call, role, t, n, ins, lane, itemsize) for t, n, ins in pairs)
+        outer = tuple(c for c in letters if c != lane and muls[letters.index(c)] > 1)
+        return Slot(k, role, name, offset, math.prod(muls), 1, "output", letters, muls, strides, lane,
+                    outer, contributions)
+
+    _, mul, dim = call.problem.block(pairs[0][2], role)
+    contracted = [_contracted(ins, role) for _, _, ins in pairs]
+    widest = max((max(c.values(), default=0) for c in contracted), default=0)
+    reduce = mul < WARP and all(contracted) and mul < widest and mul * dim <= MAX_REDUCE_ACCUMULATORS
+    if reduce:
+        lanes = [max(c, key=c.get) for c in contracted]
+    else:
+        lanes = [block_letters(ins, role)[:1] or None for _, _, ins in pairs]
+    contributions = tuple(
+        _contribution(call, role, t, n, ins, lane, itemsize) for (t, n, ins), lane in zip(pairs, lanes)
+    )
+    return Slot(k, role, name, offset, mul, dim, "reduce" if reduce else "output",
+                contributions=contributions)
+
+
+def _zero_ranges(problem: Problem, role: str, slots) -> tuple[tuple[int, int], ...]:
+    """Row ranges of a BATCHED output that no slot writes (they get explicit zeros)."""
+    dim = problem.operand_dim(role)
+    covered = sorted((s.offset, s.offset + s.size) for s in slots)
+    ranges, position = [], 0
+    for start, end in covered:
+        if start > position:
+            ranges.append((position, start))
+        position = max(position, end)
+    if position < dim:
+        ranges.append((position, dim))
+    return tuple(ranges)
+
+
+def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
+    """Split the call's outputs into launches: ``[(output indices, segment role or None)]``."""
+    if not call.deterministic:
+        return [(list(range(len(call.outputs))), None)]
+    groups: dict[str | None, list[int]] = {}
+    for k, output in enumerate(call.outputs):
+        key = output.role if call.kind(output.role) == INDEXED else None
+        groups.setdefault(key, []).append(k)
+    free = groups.pop(None, [])
+    result = [(ks, role) for role, ks in groups.items()]
+    if free:
+        if result:
+            result[0] = (result[0][0] + free, result[0][1])
+        else:
+            result.append((free, None))
+    return result
+
+
+def plan(call: Call, dtype: str, index_dtype: str) -> list[KernelSchedule]:
+    """The launches of ``call`` for ``dtype`` ("float"/"double") and index type ("int"/"long long")."""
+    itemsize = 8 if dtype == "double" else 4
+    schedules = []
+    for output_indices, segment_role in kernel_groups(call):
+        outputs, slots = [], []
+        for k, call_index in enumerate(output_indices):
+            output = call.outputs[call_index]
+            kind = call.kind(output.role)
+            planned = [
+                _plan_slot(call, k, output, name, offset, users, itemsize)
+                for name, offset, users in _output_slots(call.problem, output.role)
+            ]
+            planned = [s for s in planned if s is not None]
+            slots += planned
+            if kind == BATCHED:
+                flush = "store"
+            elif kind == SHARED or call.deterministic:
+                flush = "rmw"
+            else:
+                flush = "atomic"
+            zero = _zero_ranges(call.problem, output.role, planned) if kind == BATCHED else ()
+            outputs.append(KernelOutput(call_index, output.role, kind, call.problem.operand_dim(output.role),
+                                        flush, zero))
+        accumulates = any(o.kind != BATCHED for o in outputs)
+        stage = {}
+        for slot in slots:
+            for c in slot.contributions:
+                for f in c.factors:
+                    if f.staged:
+                        row = f.strides[0] if f.role == "w" else f.dim
+                        stage[f.role] = max(stage.get(f.role, 0), WARP * _stage_width(row, 1))
+        transpose = max(
+            (WARP * s.dim for s in slots if s.mode == "output" and s.role != "w" and s.dim > 1),
+            default=0,
+        )
+        schedules.append(KernelSchedule(
+            call, dtype, index_dtype, tuple(outputs), tuple(slots),
+            "segments" if segment_role else "tiles",
+            TILE_INDEXED if (segment_role or accumulates) else 1,
+            segment_role,
+            tuple((r, stage[r]) for r in OPERANDS if r in stage),
+            transpose,
+            WARPS_PER_BLOCK,
+        ))
+    return schedules

@@ -1,0 +1,187 @@
+"""CUDA backend without a GPU: schedules, generated source, NVRTC compilation and the lowering."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+from random_problems import random_inputs, random_problem
+
+import jax_cgtp
+from jax_cgtp import codegen, cuda_lowering, nvrtc, schedule
+from jax_cgtp.call import Call, Output, Term, forward_call
+from jax_cgtp.operands import BATCHED, INDEXED, SHARED
+from jax_cgtp.problem import MODES
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
+
+
+@pytest.fixture
+def lower_for_sm90(monkeypatch, tmp_path):
+    """Lower for an H100/H200 that is not attached, with a fresh kernel cache."""
+    monkeypatch.setenv("JAX_CGTP_ARCH", "sm_90")
+    monkeypatch.setenv("JAX_CGTP_CACHE_DIR", str(tmp_path))
+    cuda_lowering.device_arch.cache_clear()
+    yield
+    cuda_lowering.device_arch.cache_clear()
+
+
+def build(spec, **options):
+    irreps_in1, irreps_in2, irreps_out, instructions, normalization = spec
+    return jax_cgtp.TensorProduct(irreps_in1, irreps_in2, irreps_out, instructions, **normalization, **options)
+
+
+def mace_problem():
+    return jax_cgtp.channelwise_tensor_product("128x0e+128x1o+128x2e", "0e+1o+2e+3o", filter_ir_out="0e+1o+2e").problem
+
+
+def backward_call(problem, kinds, rows=(None,) * 4, deterministic=False):
+    outputs = (Output("x", (Term((1, 2, 3)),)), Output("y", (Term((0, 2, 3)),)), Output("w", (Term((0, 1, 3)),)))
+    return Call(problem, kinds, rows, ("x", "y", "w", "z"), outputs, deterministic)
+
+
+def test_forward_lanes_split_output_channels_and_stage_x():
+    (kernel,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
+    assert kernel.tile == 1 and kernel.tiling == "tiles"
+    assert all(slot.mode == "output" for slot in kernel.slots)
+    staged = {f.role for slot in kernel.slots for c in slot.contributions for f in c.factors if f.staged}
+    assert staged == {"x"}  # 128 channels of l >= 1 blocks of x; y is broadcast, w coalesced
+
+
+def test_gradient_of_narrow_spherical_harmonics_is_a_warp_reduction():
+    (kernel,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
+    modes = {(slot.role, slot.mode) for slot in kernel.slots}
+    assert modes == {("x", "output"), ("y", "reduce"), ("w", "output")}
+
+
+def test_deterministic_convolution_reduces_each_node_in_one_warp():
+    kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
+    call = backward_call(mace_problem(), kinds, rows=(10, None, None, 10), deterministic=True)
+    (kernel,) = schedule.plan(call, "double", "long long")
+    assert kernel.tiling == "segments" and kernel.segment_role == "x"
+    assert [o.flush for o in kernel.outputs] == ["rmw", "store", "store"]
+    atomic = schedule.plan(forward_call(mace_problem(), kinds, rows=(10, None, None, 10)), "float", "int")
+    assert [o.flush for o in atomic[0].outputs] == ["atomic"]
+
+
+def test_shared_weight_gradient_is_a_per_warp_partial():
+    call = backward_call(mace_problem(), (BATCHED, BATCHED, SHARED, BATCHED))
+    (kernel,) = schedule.plan(call, "float", "int")
+    assert kernel.has_partials and kernel.grid(10**7, 0) == schedule.MAX_PARTIAL_BLOCKS
+
+
+def test_generated_source_names_paths_and_irreps():
+    (kernel,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "double", "int")
+    source = codegen.generate(kernel)
+    assert "typedef double T;" in source
+    assert "// path 4: 128x1o (x) 1x1o -> 128x0e, mode uvu, weighted, 3 CG nonzeros" in source
+    assert "// ---- out0: z block 3 (128x1o)" in source
+
+
+def test_uncovered_output_blocks_are_written_with_zeros():
+    tp = jax_cgtp.TensorProduct("2x0e", "0e", "2x0e+3x1o", [(0, 0, 0, "uvu", True)])
+    (kernel,) = schedule.plan(forward_call(tp.problem, (BATCHED,) * 4), "float", "int")
+    assert kernel.outputs[0].zero_ranges == ((2, 11),)
+
+
+@needs_nvrtc
+def test_nvrtc_error_names_the_problem_and_shows_the_log():
+    with pytest.raises(nvrtc.NvrtcError, match=r"compiling the kernel of my problem for sm_90 failed(.|\n)*undefined"):
+        nvrtc.compile_cubin("__global__ void k() { undefined_name(); }", "sm_90", "my problem")
+
+
+def _specs():
+    """20 random problems: every mode, multiplicities 1 to 5, l up to 3 (one up to 5)."""
+    return [random_problem(seed, mode=MODES[seed % 5], lmax=5 if seed == 7 else 3) for seed in range(20)]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_nvrtc_compiles_every_member_of_random_problems(lower_for_sm90, dtype):
+    specs = _specs() if dtype == jnp.float32 else _specs()[::4]
+    tps = [build(spec) for spec in specs]
+    inputs = [random_inputs(jax.random.PRNGKey(n), spec, (4,), tp.weight_numel, dtype, n % 2 == 0)
+              for n, (spec, tp) in enumerate(zip(specs, tps))]
+
+    def members(inputs):
+        results = []
+        for tp, (x, y, w) in zip(tps, inputs):
+            z, vjp = jax.vjp(tp, x, y, w)
+            results += [z, vjp(z)]
+            if dtype == jnp.float64:  # the JVP (three terms) and a single-operand gradient
+                results += [jax.jvp(tp, (x, y, w), (x, y, w))[1], jax.grad(lambda x: jnp.sum(tp(x, y, w)))(x)]
+        return results
+
+    assert cuda_lowering.precompile(members, inputs) >= (2 if dtype == jnp.float32 else 4) * len(specs)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_nvrtc_compiles_convolution_kernels(lower_for_sm90, deterministic):
+    for mode in ("uvu", "uvw"):
+        spec = random_problem(40, mode=mode, lmax=2)
+        irreps_in1, irreps_in2, irreps_out, instructions, normalization = spec
+        conv = jax_cgtp.TensorProductConv(irreps_in1, irreps_in2, irreps_out, instructions, **normalization,
+                                          deterministic=deterministic)
+        x = jnp.ones((5, conv.irreps_in1.dim))
+        y = jnp.ones((9, conv.irreps_in2.dim))
+        w = jnp.ones((9, conv.weight_numel))
+        src = dst = jnp.arange(9, dtype=jnp.int32) % 5
+
+        def loss(x, y, w):
+            return jnp.sum(conv(x, y, w, src, dst, 5) ** 2)
+
+        assert cuda_lowering.precompile(jax.grad(loss, argnums=(0, 1, 2)), x, y, w) >= 2
+
+
+@needs_nvrtc
+def test_lowered_backward_is_one_self_contained_custom_call(lower_for_sm90):
+    tp = jax_cgtp.channelwise_tensor_product("8x0e+8x1o", "0e+1o", filter_ir_out="0e+1o")
+    x, y, w = (jnp.ones(shape, jnp.float32) for shape in ((5, 32), (5, 4), (5, tp.weight_numel)))
+
+    def grads(x, y, w):
+        return jax.grad(lambda *a: jnp.sum(tp(*a) ** 2), argnums=(0, 1, 2))(x, y, w)
+
+    exported = export.export(
+        jax.jit(grads), platforms=["cuda"],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call(cuda_lowering.TARGET)],
+    )(x, y, w)
+    text = exported.mlir_module()
+    calls = [line for line in text.splitlines() if f"custom_call @{cuda_lowering.TARGET}" in line]
+    assert len(calls) == 2  # forward and the fused backward
+    assert "-> (tensor<5x32xf32>, tensor<5x4xf32>, tensor<5x32xf32>)" in calls[1]
+    assert "image = dense<" in calls[1]  # the cubin travels inside the HLO
+
+
+def test_cuda_backend_off_the_gpu_is_a_clear_error_at_lowering():
+    tp = jax_cgtp.TensorProduct("2x0e", "0e", "2x0e", [(0, 0, 0, "uvu", True)])
+    tp.backend = "cuda"  # bypass the constructor's own check, as a jitted function moved to CPU would
+    with pytest.raises(ValueError, match="backend='cuda' needs the computation to be lowered for an NVIDIA GPU"):
+        jax.jit(tp)(np.ones((3, 2)), np.ones((3, 1)), np.ones(2))
+
+
+def test_lowering_without_a_gpu_asks_for_an_architecture(monkeypatch):
+    monkeypatch.delenv("JAX_CGTP_ARCH", raising=False)
+    cuda_lowering.device_arch.cache_clear()
+    if any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="set JAX_CGTP_ARCH"):
+        cuda_lowering.device_arch()
+    cuda_lowering.device_arch.cache_clear()
+
+
+def test_disk_cache_is_reused(tmp_path, monkeypatch):
+    if not nvrtc.available():
+        pytest.skip("NVRTC is not installed on this machine")
+    monkeypatch.setenv("JAX_CGTP_CACHE_DIR", str(tmp_path))
+    source = '__global__ void k(float* p) { p[threadIdx.x] = 1.0f; }'
+    first = nvrtc.compile_cubin(source, "sm_90")
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1 and files[0].read_bytes() == first
+    nvrtc._memory.clear()
+    files[0].write_bytes(b"cached")
+    assert nvrtc.compile_cubin(source, "sm_90") == b"cached"
+    nvrtc._memory.clear()
+    assert os.environ["JAX_CGTP_CACHE_DIR"] == str(tmp_path)

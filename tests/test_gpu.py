@@ -1,0 +1,253 @@
+"""The generated CUDA kernels against the pure-JAX reference, on an NVIDIA GPU (``pytest -m gpu``).
+
+Outputs the kernels overwrite are poisoned with NaN before every launch
+(``JAX_CGTP_POISON_OUTPUTS=1``), so an element a kernel forgets to write fails the comparison.
+"""
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+from random_problems import random_inputs, random_problem
+
+import jax_cgtp
+from jax_cgtp.cuda_lowering import precompile
+from jax_cgtp.problem import MODES
+
+os.environ["JAX_CGTP_POISON_OUTPUTS"] = "1"
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not any(d.platform == "gpu" for d in jax.devices()), reason="needs an NVIDIA GPU"),
+]
+
+TOLERANCE = {jnp.float64: 1e-12, jnp.float32: 1e-5}
+
+
+def relative_error(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all(), "the kernel left unwritten (NaN) or non-finite elements"
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def assert_close(actual, expected, dtype):
+    for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+        assert a.shape == b.shape
+        assert relative_error(a, b) < TOLERANCE[dtype]
+
+
+def pair(spec, cls=jax_cgtp.TensorProduct, **options):
+    """The same problem on the CUDA backend and on the reference."""
+    irreps_in1, irreps_in2, irreps_out, instructions, normalization = spec
+    return tuple(cls(irreps_in1, irreps_in2, irreps_out, instructions, **normalization, backend=backend, **options)
+                 for backend in ("cuda", "reference"))
+
+
+def members(tp, x, y, w, g):
+    """Every kind of family call: the product, its JVP (three terms), the fused backward, the
+    three single-operand gradients, and the force-training second derivative."""
+    z, vjp = jax.vjp(tp, x, y, w)
+    jvp = jax.jvp(tp, (x, y, w), (0.5 * x, 2.0 * y, -w))[1]
+    grad_x = jax.grad(lambda a: jnp.sum(tp(a, y, w) * g))(x)
+    grad_y = jax.grad(lambda a: jnp.sum(tp(x, a, w) * g))(y)
+    grad_w = jax.grad(lambda a: jnp.sum(tp(x, y, a) * g))(w)
+
+    def force_loss(w, x):
+        forces = jax.grad(lambda y: jnp.sum(tp(x, y, w) * g))(y)
+        return jnp.sum(forces ** 2)
+
+    return z, jvp, vjp(g), (grad_x, grad_y, grad_w), jax.grad(force_loss, argnums=(0, 1))(w, x)
+
+
+def problem_cases(dtype, seeds):
+    cases = []
+    for seed in seeds:
+        spec = random_problem(seed, mode=MODES[seed % 5], lmax=5 if seed % 10 == 3 else 3)
+        cuda, reference = pair(spec)
+        x, y, w = random_inputs(jax.random.PRNGKey(seed), spec, (37,), cuda.weight_numel, dtype, seed % 3 == 0)
+        g = jax.random.normal(jax.random.PRNGKey(seed + 1000), (37, cuda.irreps_out.dim), dtype)
+        cases.append((cuda, reference, (x, y, w, g)))
+    return cases
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_cases(dtype, seeds):
+    cases = problem_cases(dtype, seeds)
+    precompile(lambda args: [members(cuda, *a) for (cuda, _, _), a in zip(cases, args)], [c[2] for c in cases])
+    return cases
+
+
+SEEDS_64 = tuple(range(30))
+SEEDS_32 = tuple(range(0, 30, 3))
+
+
+@pytest.mark.parametrize("index", range(len(SEEDS_64)))
+def test_every_member_matches_reference_float64(index):
+    cuda, reference, args = compiled_cases(jnp.float64, SEEDS_64)[index]
+    assert_close(jax.jit(functools.partial(members, cuda))(*args),
+                 jax.jit(functools.partial(members, reference))(*args), jnp.float64)
+
+
+@pytest.mark.parametrize("index", range(len(SEEDS_32)))
+def test_every_member_matches_reference_float32(index):
+    cuda, reference, args = compiled_cases(jnp.float32, SEEDS_32)[index]
+    expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in args))
+    assert_close(jax.jit(functools.partial(members, cuda))(*args), expected, jnp.float32)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_check_grads_orders_1_and_2(mode):
+    spec = random_problem(500 + MODES.index(mode), mode=mode, lmax=2)
+    cuda, _ = pair(spec)
+    args = random_inputs(jax.random.PRNGKey(3), spec, (5,), cuda.weight_numel, jnp.float64, False)
+    check_grads(cuda, args, order=2, modes=("fwd", "rev"), atol=1e-7, rtol=1e-7)
+
+
+def test_hessian_matches_reference():
+    spec = random_problem(601, mode="uvu", lmax=2)
+    cuda, reference = pair(spec)
+    x, y, w = random_inputs(jax.random.PRNGKey(4), spec, (3,), cuda.weight_numel, jnp.float64)
+
+    def energy(tp, y):
+        return jnp.sum(jnp.sin(tp(x, y, w)))
+
+    assert_close(jax.hessian(functools.partial(energy, cuda))(y), jax.hessian(functools.partial(energy, reference))(y),
+                 jnp.float64)
+
+
+def test_vmap_matches_loop():
+    spec = random_problem(602, mode="uvw", lmax=2)
+    cuda, _ = pair(spec)
+    x, y, w = random_inputs(jax.random.PRNGKey(5), spec, (4, 6), cuda.weight_numel, jnp.float64, False)
+    looped = jnp.stack([cuda(x[i], y[i], w[i]) for i in range(4)])
+    assert_close(jax.vmap(cuda)(x, y, w), looped, jnp.float64)
+    grad = jax.grad(lambda w: jnp.sum(cuda(x[0], y[0], w) ** 2))
+    ws = jax.random.normal(jax.random.PRNGKey(6), (3, cuda.weight_numel), jnp.float64)
+    assert_close(jax.vmap(grad)(ws), jnp.stack([grad(v) for v in ws]), jnp.float64)
+
+
+@pytest.mark.parametrize("batch", [0, 1, 7, 1_000_003])
+def test_batch_sizes(batch):
+    spec = random_problem(603, mode="uvu", lmax=2)
+    cuda, reference = pair(spec)
+    args = random_inputs(jax.random.PRNGKey(7), spec, (batch,), cuda.weight_numel, jnp.float32, False)
+
+    def both(tp, x, y, w):
+        return jax.value_and_grad(lambda *a: jnp.sum(tp(*a) ** 2), argnums=(0, 1, 2))(x, y, w)
+
+    actual = jax.jit(functools.partial(both, cuda))(*args)
+    expected = jax.jit(functools.partial(both, reference))(*(a.astype(jnp.float64) for a in args))
+    if batch == 0:
+        assert all(a.size == 0 for a in jax.tree.leaves(actual[1]))
+        assert float(actual[0]) == 0.0
+    else:
+        assert_close(actual, expected, jnp.float32)
+
+
+# ---- graph convolution
+
+
+def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, shared=False):
+    keys = jax.random.split(key, 6)
+    x = jax.random.normal(keys[0], (num_nodes, conv.irreps_in1.dim), dtype)
+    y = jax.random.normal(keys[1], (num_edges, conv.irreps_in2.dim), dtype)
+    w = jax.random.normal(keys[2], (conv.weight_numel,) if shared else (num_edges, conv.weight_numel), dtype)
+    src = jax.random.randint(keys[3], (num_edges,), 0, num_nodes)
+    dst = jax.random.randint(keys[4], (num_edges,), 0, max(num_nodes - 3, 1))  # the last nodes stay isolated
+    bad = jax.random.uniform(keys[5], (num_edges,)) < bad_fraction
+    src = jnp.where(bad & (jnp.arange(num_edges) % 2 == 0), -1, src)
+    dst = jnp.where(bad & (jnp.arange(num_edges) % 2 == 1), num_nodes + 5, dst)
+    return x, y, w, src, dst
+
+
+def conv_members(conv, num_nodes, x, y, w, src, dst):
+    out, vjp = jax.vjp(lambda *a: conv(*a, src, dst, num_nodes), x, y, w)
+
+    def force_loss(w, x):
+        forces = jax.grad(lambda y: jnp.sum(jnp.tanh(conv(x, y, w, src, dst, num_nodes))))(y)
+        return jnp.sum(forces ** 2)
+
+    return out, vjp(jnp.cos(out)), jax.grad(force_loss, argnums=(0, 1))(w, x)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("seed", range(4))
+def test_convolution_matches_reference(deterministic, dtype, seed):
+    spec = random_problem(700 + seed, mode=("uvu", "uvw", "uvv", "uuu")[seed], lmax=3)
+    cuda, reference = pair(spec, jax_cgtp.TensorProductConv, deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(seed), cuda, 50, 800, dtype, bad_fraction=0.05, shared=seed == 1)
+    expected = jax.jit(functools.partial(conv_members, reference, 50))(
+        *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
+    assert_close(jax.jit(functools.partial(conv_members, cuda, 50))(*args), expected, dtype)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_convolution_check_grads_orders_1_and_2(deterministic):
+    spec = random_problem(710, mode="uvu", lmax=2)
+    cuda, _ = pair(spec, jax_cgtp.TensorProductConv, deterministic=deterministic)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(8), cuda, 6, 20, jnp.float64)
+    check_grads(lambda x, y, w: cuda(x, y, w, src, dst, 6), (x, y, w), order=2, modes=("fwd", "rev"),
+                atol=1e-7, rtol=1e-7)
+
+
+def test_deterministic_convolution_is_bitwise_reproducible():
+    cuda, _ = pair(random_problem(720, mode="uvu", lmax=2), jax_cgtp.TensorProductConv, deterministic=True)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(9), cuda, 1000, 40_000, jnp.float32)
+    graph = jax_cgtp.sort_graph(src, dst, 1000)
+
+    @jax.jit
+    def step(x, y, w):
+        out, vjp = jax.vjp(lambda *a: cuda(*a, graph=graph), x, y, w)
+        return out, vjp(jnp.sin(out))
+
+    first = jax.device_get(step(x, y, w))
+    for _ in range(9):
+        again = jax.device_get(step(x, y, w))
+        for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(again)):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_zero_edges_and_isolated_nodes(deterministic):
+    cuda, _ = pair(random_problem(730, mode="uvu", lmax=2), jax_cgtp.TensorProductConv, deterministic=deterministic)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(10), cuda, 7, 0, jnp.float32)
+    out, grads = jax.jit(lambda x, y, w: jax.value_and_grad(
+        lambda x: jnp.sum(cuda(x, y, w, src, dst, 7)))(x))(x, y, w)
+    assert float(out) == 0.0 and grads.shape == x.shape and not np.asarray(grads).any()
+    x, y, w, _, _ = random_graph(jax.random.PRNGKey(11), cuda, 7, 4, jnp.float32)
+    nodes = jax.jit(lambda *a: cuda(*a, jnp.array([0, 1, 0, 1]), jnp.array([2, 2, 3, 3]), 7))(x, y, w)
+    assert not np.asarray(nodes)[[0, 1, 4, 5, 6]].any() and np.asarray(nodes)[2:4].any()
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_thirty_million_edges(deterministic):
+    """64-bit offsets: per-edge weights hold 3.8e9 > 2^31 elements."""
+    conv = jax_cgtp.TensorProductConv(*_big_problem(), deterministic=deterministic, backend="cuda")
+    reference = jax_cgtp.TensorProductConv(*_big_problem(), backend="reference")
+    num_nodes, num_edges = 1_000_000, 30_000_000
+    keys = jax.random.split(jax.random.PRNGKey(12), 5)
+    x = jax.random.normal(keys[0], (num_nodes, conv.irreps_in1.dim), jnp.float32)
+    y = jax.random.normal(keys[1], (num_edges, conv.irreps_in2.dim), jnp.float32)
+    w = jax.random.normal(keys[2], (num_edges, conv.weight_numel), jnp.float32)
+    assert w.size > 2**31
+    src = jax.random.randint(keys[3], (num_edges,), 0, num_nodes)
+    dst = jax.random.randint(keys[4], (num_edges,), 0, num_nodes)
+    out = jax.jit(lambda *a: conv(*a, src, dst, num_nodes))(x, y, w)
+    chunk = 2_000_000
+    reference_chunk = jax.jit(lambda *a: reference(*(b.astype(jnp.float64) for b in a[:3]), *a[3:], num_nodes))
+    expected = sum(
+        reference_chunk(x, y[i:i + chunk], w[i:i + chunk], src[i:i + chunk], dst[i:i + chunk])
+        for i in range(0, num_edges, chunk)
+    )
+    assert relative_error(out, expected) < 1e-5
+
+
+def _big_problem():
+    tp = jax_cgtp.channelwise_tensor_product("32x0e+32x1o", "0e+1o", filter_ir_out="0e+1o")
+    instructions = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions]
+    return tp.irreps_in1, tp.irreps_in2, tp.irreps_out, instructions

@@ -1,0 +1,97 @@
+"""The two numbers of every row: minimum bytes moved and FLOP, counted from the problem.
+
+Bytes (the memory floor): each operand the phase *needs* is read once and each result written
+once, in the benchmark's dtype; index arrays (``src``, ``dst``) are int32. With ``d1, d2, dw,
+d3`` the sizes of ``x, y, w, z`` per row, ``E`` edges (rows) and ``N`` nodes:
+
+=========  =====================================================  ======================
+phase      reads                                                  writes
+=========  =====================================================  ======================
+fwd        x, y, w (E rows)                                       z (E)
+bwd        x, y, w, g (E)                                         x̄, ȳ, w̄ (E)
+dbwd       x, w, g (E)                                            w̄, x̄ (E)
+conv_fwd   x (N), y, w (E), src, dst                              z (N)
+conv_bwd   x (N), y, w (E), g (N), src, dst                       x̄ (N), ȳ, w̄ (E)
+conv_dbwd  x (N), w (E), g (N), src, dst                          w̄ (E), x̄ (N)
+=========  =====================================================  ======================
+
+``dbwd`` is the gradient w.r.t. ``(w, x)`` of ``|d/dy sum(z * g)|^2``; ``d/dy`` of the
+trilinear product does not depend on ``y``, so ``y`` is not counted.
+
+FLOP: one product ``T`` costs, per row, the sum over active instructions of
+``3 * nnz * pairs`` (each CG nonzero multiplies ``c * x_i * y_j`` and accumulates, for each pair
+of multiplicity indices of ``x`` and ``y``: ``u*v`` for uvw/uvu/uvv, ``u`` for uuw/uuu) plus
+``2 * d3 * |W|`` for the weight contraction of a weighted path (``d3 * pairs`` additions for an
+unweighted one). ``nnz`` comes from :func:`jax_cgtp.problem.cg_nonzeros`. Each of ``x̄, ȳ, w̄``
+is one such contraction, so ``bwd`` costs 3 products; ``dbwd`` computes ``ȳ`` and then its two
+cotangents: 3 products. The convolutions cost the same per edge (gather and scatter are data
+movement).
+"""
+
+from __future__ import annotations
+
+import math
+
+from jax_cgtp.problem import cg_nonzeros
+
+INDEX_BYTES = 4
+
+PRODUCTS_PER_PHASE = {"fwd": 1, "bwd": 3, "dbwd": 3}
+
+# (operand, "E" or "N" rows) read and written by each phase; "i" is one index array.
+_TRAFFIC = {
+    "fwd": (("x", "E"), ("y", "E"), ("w", "E"), ("z", "E")),
+    "bwd": (("x", "E"), ("y", "E"), ("w", "E"), ("z", "E"), ("x", "E"), ("y", "E"), ("w", "E")),
+    "dbwd": (("x", "E"), ("w", "E"), ("z", "E"), ("w", "E"), ("x", "E")),
+    "conv_fwd": (("x", "N"), ("y", "E"), ("w", "E"), ("i", "E"), ("i", "E"), ("z", "N")),
+    "conv_bwd": (
+        ("x", "N"), ("y", "E"), ("w", "E"), ("z", "N"), ("i", "E"), ("i", "E"),
+        ("x", "N"), ("y", "E"), ("w", "E"),
+    ),
+    "conv_dbwd": (("x", "N"), ("w", "E"), ("z", "N"), ("i", "E"), ("i", "E"), ("w", "E"), ("x", "N")),
+}
+
+
+def base_phase(phase: str) -> str:
+    """``"fwd"``, ``"bwd"`` or ``"dbwd"`` for a phase with or without the ``conv_`` prefix."""
+    return phase.removeprefix("conv_")
+
+
+def min_bytes(problem, phase: str, edges: int, nodes: int, itemsize: int) -> int:
+    """Fewest bytes the phase must move: every needed operand read once, every result written once.
+
+    >>> from benchmarks.problems import build
+    >>> p = build("tiny-uvw", backend="reference").problem   # d1=9, d2=4, dw=25, d3=11
+    >>> min_bytes(p, "fwd", edges=10, nodes=2, itemsize=4) == 10 * (9 + 4 + 25 + 11) * 4
+    True
+    """
+    size = {"x": problem.irreps_in1.dim, "y": problem.irreps_in2.dim, "w": problem.weight_numel,
+            "z": problem.irreps_out.dim}
+    rows = {"E": edges, "N": nodes}
+    total = 0
+    for operand, row_kind in _TRAFFIC[phase]:
+        if operand == "i":
+            total += rows[row_kind] * INDEX_BYTES
+        else:
+            total += rows[row_kind] * size[operand] * itemsize
+    return total
+
+
+def _pairs(ins) -> int:
+    return ins.mul_in1 * ins.mul_in2 if ins.mode in ("uvw", "uvu", "uvv") else ins.mul_in1
+
+
+def product_flop_per_row(problem) -> int:
+    """FLOP of one product ``z = T(x, y, w)`` for one row (see the module docstring)."""
+    total = 0
+    for ins in problem.active_instructions:
+        d3 = problem.irreps_out[ins.i_out].ir.dim
+        pairs = _pairs(ins)
+        total += 3 * len(cg_nonzeros(problem, ins)) * pairs
+        total += 2 * d3 * math.prod(ins.path_shape) if ins.has_weight else d3 * pairs
+    return total
+
+
+def flop(problem, phase: str, edges: int) -> int:
+    """FLOP of the phase over ``edges`` rows (products per phase times the per-row count)."""
+    return PRODUCTS_PER_PHASE[base_phase(phase)] * product_flop_per_row(problem) * edges

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# One GPU session on the device machine: install the carried wheels, build OpenEquivariance's
+# JAX extension and jax_cgtp, print the machine, run `pytest -m gpu`, run the benchmark.
+#
+# Run from the repository root with carry=[".whl"] (filled by ../shared/gpu/fetch-wheels.sh
+# --with-cue --with-oeq):
+#   bash benchmarks/gpu_session.sh [options] [-- more benchmarks.run arguments]
+# Options (or the environment variable in brackets):
+#   --phases LIST    [BENCH_PHASES]   default: fwd,bwd,dbwd,conv_fwd,conv_bwd,conv_dbwd
+#   --configs LIST   [BENCH_CONFIGS]  default: the public suite
+#   --dtype LIST     [BENCH_DTYPES]   default: float32,float64
+#   --libs LIST      [BENCH_LIBS]     default: jax_cgtp,e3nn,cueq,oeq
+#   --tag NAME       [BENCH_TAG]      suffix of the result files (default: from phases/configs/dtypes)
+#   --skip-tests     [SKIP_TESTS=1]   do not run pytest -m gpu
+#   --skip-bench     [SKIP_BENCH=1]   set up (and test) only
+#   --pytest-args S  [PYTEST_ARGS]    extra pytest arguments, e.g. "-k conv"
+# A copy of the tree without .git cannot name its commit: pass JAX_CGTP_GIT_COMMIT=<sha[-dirty]>.
+# Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
+# bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+
+PHASES=${BENCH_PHASES:-}; CONFIGS=${BENCH_CONFIGS:-}; DTYPES=${BENCH_DTYPES:-}; LIBS=${BENCH_LIBS:-}
+TAG=${BENCH_TAG:-}; SKIP_TESTS=${SKIP_TESTS:-0}; SKIP_BENCH=${SKIP_BENCH:-0}; PYTEST_ARGS=${PYTEST_ARGS:-}
+EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --phases) PHASES=$2; shift 2 ;;
+    --configs) CONFIGS=$2; shift 2 ;;
+    --dtype) DTYPES=$2; shift 2 ;;
+    --libs) LIBS=$2; shift 2 ;;
+    --tag) TAG=$2; shift 2 ;;
+    --skip-tests) SKIP_TESTS=1; shift ;;
+    --skip-bench) SKIP_BENCH=1; shift ;;
+    --pytest-args) PYTEST_ARGS=$2; shift 2 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) echo "gpu_session.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+SITE=${SITE:-/tmp/site}; OEQ_SRC=${OEQ_SRC:-/tmp/oeq-src}
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export OEQ_NOTORCH=1                                   # OpenEquivariance: JAX only, no PyTorch
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}
+SETUP="$OUT/setup.log"; : > "$SETUP"
+step() { echo "== $* ($(date -u +%H:%M:%S))" | tee -a "$SETUP"; }
+
+step "install the carried wheels into $SITE"
+if [ -f "$SITE/.carried-wheels" ] && [ "$(ls .whl/*.whl 2>/dev/null)" = "$(cat "$SITE/.carried-wheels")" ]; then
+  echo "already installed (warm machine)" | tee -a "$SETUP"
+elif ls .whl/*.whl >/dev/null 2>&1; then
+  if python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl >>"$SETUP" 2>&1; then
+    ls .whl/*.whl > "$SITE/.carried-wheels"
+  else
+    echo "wheel install failed (see setup.log)" | tee -a "$SETUP"
+  fi
+else
+  echo "no .whl/*.whl: pass carry=[\".whl\"] (peers will be reported missing)" | tee -a "$SETUP"
+fi
+
+step "OpenEquivariance: build the JAX extension offline, put the source on PYTHONPATH"
+ext=$(ls .whl/openequivariance_extjax-*.tar.gz 2>/dev/null | head -n1)
+src=$(ls .whl/openequivariance-*.tar.gz 2>/dev/null | head -n1)
+if [ -n "$ext" ] && [ -n "$src" ]; then
+  if ! python3 -c "import openequivariance_extjax" >/dev/null 2>&1; then
+    python3 -m pip install -q --no-build-isolation --no-deps --no-index --target "$SITE" "$ext" >>"$SETUP" 2>&1 \
+      || echo "openequivariance_extjax build failed (see setup.log)" | tee -a "$SETUP"
+  fi
+  mkdir -p "$OEQ_SRC" && tar -xzf "$src" -C "$OEQ_SRC"
+  src_dir=$(ls -d "$OEQ_SRC"/openequivariance-*/ | head -n1)
+  export PYTHONPATH="${src_dir%/}:$PYTHONPATH"
+else
+  echo "no OpenEquivariance archives in .whl (fetch-wheels.sh --with-oeq)" | tee -a "$SETUP"
+fi
+
+step "build jax_cgtp in place"
+if ! python3 -m pip install --no-build-isolation --no-deps -e . >>"$SETUP" 2>&1; then
+  echo "jax_cgtp build FAILED:"; tail -n 40 "$SETUP"; exit 1
+fi
+
+step "machine and versions"
+nvidia-smi 2>&1 | tee -a "$SETUP"
+python3 - <<'EOF' 2>&1 | tee -a "$SETUP"
+import importlib, os, subprocess
+for name in ("jax", "jaxlib", "jax_cgtp", "e3nn_jax", "cuequivariance", "cuequivariance_jax",
+             "cuequivariance_ops_jax", "einops", "networkx", "opt_einsum", "jinja2",
+             "openequivariance_extjax", "openequivariance.jax"):
+    try:
+        module = importlib.import_module(name)
+        print(f"  {name:24s} {getattr(module, '__version__', 'ok')}")
+    except Exception as error:
+        print(f"  {name:24s} NOT IMPORTABLE: {type(error).__name__}: {error}")
+import jax
+print("  devices:", jax.devices())
+EOF
+if [ -z "${JAX_CGTP_GIT_COMMIT:-}" ] && ! git rev-parse HEAD >/dev/null 2>&1; then
+  echo "warning: no .git here and JAX_CGTP_GIT_COMMIT unset: the JSON will say commit 'unknown'" | tee -a "$SETUP"
+fi
+
+tests_rc=0
+if [ "$SKIP_TESTS" != 1 ]; then
+  step "pytest -m gpu (log: gpu-tests.log)"
+  # shellcheck disable=SC2086
+  python3 -m pytest -m gpu -q -p no:cacheprovider $PYTEST_ARGS 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 25
+  tests_rc=${PIPESTATUS[0]}
+  echo "pytest -m gpu exit status $tests_rc" | tee -a "$SETUP"
+fi
+
+bench_rc=0
+if [ "$SKIP_BENCH" != 1 ]; then
+  if [ -z "$TAG" ]; then
+    TAG=$(printf '%s' "${PHASES:-all}-${CONFIGS:-public}-${DTYPES:-both}" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-60)
+  fi
+  args=(--out "$OUT" --tag "$TAG")
+  [ -n "$PHASES" ] && args+=(--phases "$PHASES")
+  [ -n "$CONFIGS" ] && args+=(--configs "$CONFIGS")
+  [ -n "$DTYPES" ] && args+=(--dtype "$DTYPES")
+  [ -n "$LIBS" ] && args+=(--libs "$LIBS")
+  step "python3 -m benchmarks.run ${args[*]} ${EXTRA[*]:-} (log: bench-$TAG.log)"
+  python3 -m benchmarks.run "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} 2>&1 | tee "$OUT/bench-$TAG.log" | grep -v '^\['
+  bench_rc=${PIPESTATUS[0]}
+  echo "benchmark exit status $bench_rc" | tee -a "$SETUP"
+fi
+
+ls -la "$OUT"
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]

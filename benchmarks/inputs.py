@@ -1,0 +1,82 @@
+"""Random inputs of one benchmark row, in e3nn's ``mul_ir`` layout and e3nn's weight order.
+
+Every library gets these same arrays (converted to its own layout outside the timed region, see
+:mod:`benchmarks.peers`). Values are standard normal, never zeros. The graph has ``nodes =
+edges // 16`` nodes (16 edges per node on average); ``dst`` is sorted, as a neighbour list
+grouped by receiver is, and ``src`` is uniform at random.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .configs import EDGES_PER_NODE
+
+
+@dataclasses.dataclass
+class Inputs:
+    """Operands of a row: ``x`` (per edge, or per node for a convolution), ``y``, ``w``, the output
+    cotangent ``g`` and, for a convolution, ``src``/``dst`` (int32) and ``nodes``."""
+
+    x: jax.Array
+    y: jax.Array
+    w: jax.Array
+    g: jax.Array
+    src: jax.Array | None = None
+    dst: jax.Array | None = None
+    nodes: int | None = None
+
+
+def num_nodes(edges: int) -> int:
+    return max(1, edges // EDGES_PER_NODE)
+
+
+# Arrays below this many elements in all are drawn with NumPy: no XLA compilation, which is what
+# dominates a tiny (smoke) run; larger ones are drawn on the device by one compiled call.
+_HOST_DRAW_SIZE = 1 << 22
+
+
+def make_inputs(problem, dtype, edges: int, conv: bool, seed: int = 0) -> Inputs:
+    """Standard normal operands for ``edges`` rows; for ``conv``, node features and a random graph."""
+    nodes = num_nodes(edges)
+    rows = nodes if conv else edges  # rows of x and of z (g)
+    dims = (problem.irreps_in1.dim, problem.irreps_in2.dim, problem.weight_numel, problem.irreps_out.dim)
+    dtype = jnp.dtype(dtype)
+    if (rows + edges) * sum(dims) < _HOST_DRAW_SIZE:
+        arrays = _generate_on_host(seed, dtype, edges, nodes, rows, dims)
+    else:
+        arrays = _generate(jax.random.PRNGKey(seed), dtype, edges, nodes, rows, dims)
+    x, y, w, g, src, dst = arrays
+    if not conv:
+        return Inputs(x, y, w, g)
+    return Inputs(x, y, w, g, src, dst, nodes)
+
+
+def _generate_on_host(seed, dtype, edges, nodes, rows, dims):
+    rng = np.random.default_rng(seed)
+    d1, d2, dw, d3 = dims
+    shapes = ((rows, d1), (edges, d2), (edges, dw), (rows, d3))
+    arrays = [rng.standard_normal(shape).astype(dtype) for shape in shapes]
+    arrays.append(rng.integers(0, nodes, edges, dtype=np.int32))
+    arrays.append(np.sort(rng.integers(0, nodes, edges, dtype=np.int32)))
+    return tuple(jax.device_put(a) for a in arrays)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _generate(key, dtype, edges, nodes, rows, dims):
+    """All arrays of a row in one compiled call (one compilation per shape, not one per array)."""
+    keys = jax.random.split(key, 6)
+    d1, d2, dw, d3 = dims
+    return (
+        jax.random.normal(keys[0], (rows, d1), dtype),
+        jax.random.normal(keys[1], (edges, d2), dtype),
+        jax.random.normal(keys[2], (edges, dw), dtype),
+        jax.random.normal(keys[3], (rows, d3), dtype),
+        jax.random.randint(keys[4], (edges,), 0, nodes, jnp.int32),
+        jnp.sort(jax.random.randint(keys[5], (edges,), 0, nodes, jnp.int32)),
+    )

@@ -1,0 +1,55 @@
+"""One small adapter per library, all with the same interface.
+
+An adapter module has ``NAME``, ``version()`` (raises :class:`Missing` when the library cannot
+be imported or cannot run on this device) and ``build(tp, dtype, conv, options)`` returning an
+:class:`Impl`: the library's product (or convolution) on arrays in the library's own layout,
+plus the conversions between e3nn's layout (``mul_ir``, e3nn weight order) and the library's.
+The conversions run outside the timed region; each adapter's docstring says whether a user of
+that library would keep data in its layout throughout a model.
+
+``build`` derives the library's problem from the jax_cgtp problem (``tp.irreps_in1/in2/out``,
+``tp.instructions``) and raises :class:`Unsupported` when the library cannot express it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Callable
+
+LIBRARIES = ("jax_cgtp", "e3nn", "cueq", "oeq")
+
+_MODULES = {"jax_cgtp": "cgtp", "e3nn": "e3nn_jax_peer", "cueq": "cueq", "oeq": "oeq"}
+
+
+class Missing(Exception):
+    """The library is not importable here, or cannot run on this device."""
+
+
+class Unsupported(Exception):
+    """The library cannot express this problem (the row says why)."""
+
+
+def _identity(kind, array):
+    return array
+
+
+@dataclasses.dataclass
+class Impl:
+    """A library's product, ready to be wrapped by :func:`benchmarks.phases.phase_function`.
+
+    ``apply(x, y, w)`` (or ``apply(x, y, w, src, dst)`` for the convolution, with ``x`` the node
+    features and the node count ``x.shape[0]``) takes library-layout arrays. ``to_library(kind,
+    a)`` and ``from_library(kind, a)`` convert an operand of kind ``"x"``, ``"y"``, ``"w"`` or
+    ``"z"`` (also used for ``g``) between e3nn's layout and the library's.
+    """
+
+    apply: Callable
+    to_library: Callable = _identity
+    from_library: Callable = _identity
+    note: str = ""
+
+
+def adapter(name: str):
+    """The adapter module of library ``name`` (one of :data:`LIBRARIES`)."""
+    return importlib.import_module(f"{__name__}.{_MODULES[name]}")

@@ -1,0 +1,137 @@
+"""``python -m benchmarks.run``: time jax_cgtp and its peers on the benchmark configs.
+
+Example (the whole public suite on a GPU)::
+
+    python -m benchmarks.run --suite public --phases fwd,bwd,dbwd,conv_fwd,conv_bwd,conv_dbwd \\
+        --dtype float32,float64 --libs jax_cgtp,e3nn,cueq,oeq
+
+One process measures the device's ceilings (:mod:`benchmarks.ceilings`), then for every config,
+dtype and phase times every library on the same inputs after checking its results against
+jax_cgtp's (:mod:`benchmarks.measure`), and writes ``bench[-TAG].json``, ``bench[-TAG].txt``,
+``speedup[-TAG].png`` and ``roofline[-TAG].png`` to ``--out`` (default
+``benchmarks/results/<device>/``; the JSON and text are rewritten after every group of rows, so
+a run cut short keeps what it measured). ``--smoke`` runs tiny sizes on the reference backend with
+few repetitions (output in a temp folder), so CI can check that the harness works; its numbers
+mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import tempfile
+
+import jax
+
+from . import ceilings, configs, environment, measure, metrics, problems, report, table
+from .peers import LIBRARIES, Missing, adapter
+
+
+def _list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", default=None, choices=sorted(configs.SUITES),
+                        help="config suite (default: public, or smoke with --smoke)")
+    parser.add_argument("--configs", type=_list, default=None, help="comma-separated config names (overrides --suite)")
+    parser.add_argument("--phases", type=_list, default=list(configs.PHASES))
+    parser.add_argument("--dtype", type=_list, default=list(configs.DTYPES))
+    parser.add_argument("--libs", type=_list, default=list(LIBRARIES))
+    parser.add_argument("--edges-float32", type=int, default=None, help=f"default {configs.EDGES['float32']}")
+    parser.add_argument("--edges-float64", type=int, default=None, help=f"default {configs.EDGES['float64']}")
+    parser.add_argument("--runs", type=int, default=None, help=f"timed runs (default {configs.RUNS})")
+    parser.add_argument("--warmup", type=int, default=configs.WARMUP)
+    parser.add_argument("--backend", default=None, help="jax_cgtp backend (default auto; reference with --smoke)")
+    parser.add_argument("--cueq-method", default="uniform_1d")
+    parser.add_argument("--out", default=None, help="output folder (default benchmarks/results/<device>; a temp folder with --smoke)")
+    parser.add_argument("--tag", default=None, help="suffix of the output file names, for split runs")
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, reference backend, 3 runs")
+    args = parser.parse_args(argv)
+    for name, values, allowed in (("--phases", args.phases, configs.PHASES), ("--dtype", args.dtype, configs.DTYPES),
+                                  ("--libs", args.libs, LIBRARIES)):
+        unknown = [v for v in values if v not in allowed]
+        if unknown:
+            parser.error(f"{name}: unknown {unknown}; choose from {list(allowed)}")
+    if args.configs is None:
+        args.configs = list(configs.SUITES[args.suite or ("smoke" if args.smoke else "public")])
+    unknown = [c for c in args.configs if c not in configs.CONFIGS]
+    if unknown:
+        parser.error(f"--configs: unknown {unknown}; choose from {list(configs.CONFIGS)}")
+    if "jax_cgtp" not in args.libs:
+        args.libs.insert(0, "jax_cgtp")  # the reference of the checks and of the speedups
+    return args
+
+
+def library_status(libraries) -> dict:
+    """``{lib: {"status": "ok", "version": ...}}`` or ``{"status": "missing", "reason": ...}``."""
+    status = {}
+    for lib in libraries:
+        try:
+            status[lib] = {"status": "ok", "version": adapter(lib).version()}
+        except Missing as error:
+            status[lib] = {"status": "missing", "reason": str(error)}
+        except Exception as error:  # a broken install is reported, not raised
+            status[lib] = {"status": "missing", "reason": f"{type(error).__name__}: {error}"}
+    return status
+
+
+def default_out(device: str, smoke: bool) -> pathlib.Path:
+    """``benchmarks/results/<device>/``; a smoke run's meaningless numbers go to a temp folder."""
+    if smoke:
+        return pathlib.Path(tempfile.gettempdir()) / "jax_cgtp-bench-smoke"
+    return pathlib.Path(__file__).resolve().parent / "results" / environment.sanitize(device)
+
+
+def main(argv=None) -> dict:
+    """Run the benchmark; returns the report (also written to disk)."""
+    args = parse_args(argv)
+    jax.config.update("jax_enable_x64", True)
+
+    edges = dict(configs.SMOKE_EDGES if args.smoke else configs.EDGES)
+    edges["float32"] = args.edges_float32 or edges["float32"]
+    edges["float64"] = args.edges_float64 or edges["float64"]
+    protocol = {"warmup": args.warmup, "runs": args.runs or (configs.SMOKE_RUNS if args.smoke else configs.RUNS)}
+    backend = args.backend or ("reference" if args.smoke else "auto")
+    options = {"cueq_method": args.cueq_method}
+
+    meta = environment.describe()
+    meta.update(argv=sys.argv if argv is None else ["benchmarks.run"] + list(argv), smoke=args.smoke,
+                protocol=protocol, edges=edges, edges_per_node=configs.EDGES_PER_NODE, jax_cgtp_backend=backend,
+                tolerance=measure.TOLERANCE)
+    print(f"device: {meta['device']} ({meta['platform']}), jax {meta['jax']}, commit {meta['git_commit']}", flush=True)
+    meta["ceilings"] = ceilings.measure(args.dtype, args.smoke, protocol["warmup"], protocol["runs"])
+    print(f"copy bandwidth {meta['ceilings']['copy']['bytes_per_s'] / 1e9:.1f} GB/s; matmul peak "
+          + ", ".join(f"{d} {v['flop_per_s'] / 1e9:.1f} GFLOP/s" for d, v in meta["ceilings"]["matmul"].items()),
+          flush=True)
+    availability = library_status(args.libs)
+    for lib, info in availability.items():
+        print(f"  {lib}: {info.get('version') or 'MISSING: ' + info['reason']}", flush=True)
+
+    result = {"schema": report.SCHEMA, "runs": [meta], "libraries": availability, "rows": []}
+    out = args.out or default_out(meta["device"], args.smoke)
+    plain = [p for p in args.phases if not p.startswith("conv_")]
+    conv = [p for p in args.phases if p.startswith("conv_")]
+    for config in args.configs:
+        tp = problems.build(config, backend=backend)
+        for dtype in args.dtype:
+            for group in (plain, conv):
+                if group:
+                    rows = measure.measure_group(tp, config, dtype, group, args.libs, availability,
+                                                 options, protocol, edges[dtype])
+                    result["rows"] += [dict(metrics.derive(row, meta["ceilings"]), run=0) for row in rows]
+                    meta["peak_bytes_in_use"] = environment.peak_memory()
+                    report.write(result, out, args.tag, with_plots=False)  # keep what is measured
+
+    paths = report.write(result, out, args.tag, with_plots=not args.no_plots)
+    print()
+    print(table.render(result))
+    print("\nwrote " + ", ".join(paths.values()), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()

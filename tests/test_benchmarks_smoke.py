@@ -1,0 +1,104 @@
+"""The benchmark harness runs end to end on the CPU (tiny sizes, reference backend), so it never rots.
+
+One in-process smoke run (every phase, jax_cgtp and e3nn-jax; cuequivariance-jax and
+OpenEquivariance are reported as missing where not installed) is shared by the tests below,
+which read its report like a specification of the JSON.
+"""
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # the repository root: benchmarks/
+
+from benchmarks import cost, phases, report, run  # noqa: E402
+from benchmarks.peers import LIBRARIES  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    result = run.main(["--smoke", "--configs", "tiny-uvu", "--dtype", "float64", "--out", str(out), "--tag", "smoke"])
+    return result, out
+
+
+def test_smoke_run_writes_json_text_and_plots(smoke):
+    _, out = smoke
+    names = report.file_names("smoke")
+    assert sorted(p.name for p in out.iterdir()) == sorted(names.values())
+    assert "jax_cgtp ms" in (out / names["text"]).read_text()
+
+
+def test_json_records_device_versions_commit_and_measured_ceilings(smoke):
+    result, out = smoke
+    saved = json.loads((out / report.file_names("smoke")["json"]).read_text())
+    assert saved["schema"] == report.SCHEMA
+    meta = saved["runs"][0]
+    for key in ("device", "platform", "jax", "jaxlib", "git_commit", "protocol", "edges", "time_utc"):
+        assert meta[key], key
+    assert meta["smoke"] is True
+    assert meta["ceilings"]["copy"]["bytes_per_s"] > 0
+    assert meta["ceilings"]["matmul"]["float64"]["flop_per_s"] > 0
+
+
+def test_every_library_is_listed_with_a_version_or_the_reason_it_is_missing(smoke):
+    result, _ = smoke
+    assert list(result["libraries"]) == list(LIBRARIES)
+    for info in result["libraries"].values():
+        assert (info["status"], bool(info.get("version"))) == ("ok", True) or (
+            info["status"] == "missing" and info["reason"]
+        )
+    assert result["libraries"]["jax_cgtp"]["status"] == "ok"
+    assert result["libraries"]["e3nn"]["status"] == "ok"
+
+
+def test_one_row_per_phase_with_cost_numbers_and_every_library(smoke):
+    result, _ = smoke
+    rows = result["rows"]
+    assert [row["phase"] for row in rows] == list(phases.OUTPUT_KINDS) + [f"conv_{p}" for p in phases.OUTPUT_KINDS]
+    for row in rows:
+        assert row["min_bytes"] > 0 and row["gflop"] > 0
+        assert row["memory_floor_ms"] > 0 and row["compute_floor_ms"] > 0
+        assert set(row["results"]) == set(LIBRARIES)
+        assert (row["nodes"] is not None) == row["phase"].startswith("conv_")
+
+
+def test_jax_cgtp_and_e3nn_agree_and_are_timed(smoke):
+    result, _ = smoke
+    for row in result["rows"]:
+        ours, theirs = row["results"]["jax_cgtp"], row["results"]["e3nn"]
+        assert row["reference"] == "jax_cgtp"
+        assert ours["status"] == "ok" and ours["median_ms"] > 0 and ours["runs"] >= 3
+        assert theirs["status"] == "ok" and theirs["rel_err"] < 1e-9
+        assert row["speedup"]["e3nn"] == pytest.approx(theirs["median_ms"] / ours["median_ms"])
+        assert 0 < ours["floor_fraction"] and ours["memory"]["total"] > 0
+
+
+def test_unavailable_peers_are_reported_not_dropped(smoke):
+    result, _ = smoke
+    for row in result["rows"]:
+        for lib in ("cueq", "oeq"):
+            status = row["results"][lib]["status"]
+            assert status in ("ok", "missing", "unsupported")
+            if status != "ok":
+                assert row["results"][lib]["error"]
+                assert row["speedup"][lib] is None
+
+
+def test_merging_two_reports_keeps_every_row_and_run(smoke, tmp_path):
+    result, _ = smoke
+    merged = report.merge([result, result])
+    assert len(merged["runs"]) == 2 and len(merged["rows"]) == 2 * len(result["rows"])
+    assert {row["run"] for row in merged["rows"]} == {0, 1}
+    assert "bench.json" in report.write(merged, tmp_path, with_plots=False)["json"]
+
+
+def test_min_bytes_of_the_backward_reads_four_operands_and_writes_three():
+    from benchmarks.problems import build
+
+    p = build("tiny-uvw", backend="reference").problem
+    d1, d2, dw, d3 = p.irreps_in1.dim, p.irreps_in2.dim, p.weight_numel, p.irreps_out.dim
+    assert cost.min_bytes(p, "bwd", edges=5, nodes=1, itemsize=8) == 5 * 8 * (2 * d1 + 2 * d2 + 2 * dw + d3)
+    assert cost.min_bytes(p, "conv_fwd", edges=5, nodes=2, itemsize=8) == 8 * (2 * d1 + 5 * (d2 + dw) + 2 * d3) + 5 * 2 * 4

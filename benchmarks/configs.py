@@ -9,11 +9,8 @@ Kinds:
     OpenEquivariance's ``ChannelwiseTPP`` (``benchmark/problems.py``, taken from MACE): mode
     ``uvu``, one output block ``mul1 x ir`` per path for every ``ir`` in ``ir1 x ir2`` that
     occurs in ``irreps_out``; output blocks sorted by irrep (stable) and the instruction list
-    then sorted by output block, so the instruction and weight order are the seed paper's. The
-    blocks are sorted with e3nn-jax's irrep order, which for mixed parities (nequip-lips,
-    benzene) puts e.g. ``1o`` before ``1e`` like OpenEquivariance but ``2e`` before ``2o``;
-    the same blocks in another order (every peer is given these irreps, so all libraries
-    compute the same function).
+    then sorted by output block; blocks, instructions and weight layout are exactly the seed
+    paper's (OpenEquivariance's irrep order puts odd before even parity at every ``l``).
 ``fully_connected``
     OpenEquivariance's ``FullyConnectedTPP`` (e3nn's ``FullyConnectedTensorProduct``): mode
     ``uvw`` for every block triple with ``ir_out`` in ``ir1 x ir2``.

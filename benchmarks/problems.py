@@ -43,10 +43,20 @@ def build(name: str, backend: str = "auto") -> jax_cgtp.TensorProduct:
         raw = jax_cgtp.channelwise_tensor_product(
             config["irreps_in1"], config["irreps_in2"], filter_ir_out=config["irreps_out"], backend=backend
         )
-        # ChannelwiseTPP sorts its instruction list by output block, which fixes the weight layout.
-        instructions = sorted(instruction_tuples(raw.problem), key=lambda ins: ins[2])
+        # OpenEquivariance sorts the output blocks by (l, parity) with odd before even (e3nn-jax
+        # puts 2e before 2o); both sorts are stable, so re-sorting gives exactly its order.
+        blocks = list(raw.irreps_out)
+        order = sorted(range(len(blocks)), key=lambda i: (blocks[i].ir.l, blocks[i].ir.p))
+        position = {old: new for new, old in enumerate(order)}
+        # ChannelwiseTPP then sorts its instruction list by output block: that fixes the weight layout.
+        instructions = sorted(
+            ((i1, i2, position[i_out], mode, weighted)
+             for i1, i2, i_out, mode, weighted in instruction_tuples(raw.problem)),
+            key=lambda ins: ins[2],
+        )
         return jax_cgtp.TensorProduct(
-            raw.irreps_in1, raw.irreps_in2, raw.irreps_out, instructions, backend=backend
+            raw.irreps_in1, raw.irreps_in2, e3nn.Irreps([blocks[i] for i in order]), instructions,
+            backend=backend,
         )
     if kind == "fully_connected":
         return jax_cgtp.fully_connected_tensor_product(

@@ -14,6 +14,9 @@
 #   --skip-tests     [SKIP_TESTS=1]   do not run pytest -m gpu
 #   --skip-bench     [SKIP_BENCH=1]   set up (and test) only
 #   --pytest-args S  [PYTEST_ARGS]    extra pytest arguments, e.g. "-k conv"
+#   --seconds N      [SESSION_SECONDS] the call's time limit (default 570): the benchmark starts no
+#                    new group of rows after N - 90 s from the start of this script, so its
+#                    files are written before the device tool stops the call
 # A copy of the tree without .git cannot name its commit: pass JAX_CGTP_GIT_COMMIT=<sha[-dirty]>.
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
 # bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png.
@@ -21,7 +24,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 
 PHASES=${BENCH_PHASES:-}; CONFIGS=${BENCH_CONFIGS:-}; DTYPES=${BENCH_DTYPES:-}; LIBS=${BENCH_LIBS:-}
-TAG=${BENCH_TAG:-}; SKIP_TESTS=${SKIP_TESTS:-0}; SKIP_BENCH=${SKIP_BENCH:-0}; PYTEST_ARGS=${PYTEST_ARGS:-}
+TAG=${BENCH_TAG:-}; SESSION_SECONDS=${SESSION_SECONDS:-570}; SKIP_TESTS=${SKIP_TESTS:-0}; SKIP_BENCH=${SKIP_BENCH:-0}; PYTEST_ARGS=${PYTEST_ARGS:-}
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,6 +36,7 @@ while [ $# -gt 0 ]; do
     --skip-tests) SKIP_TESTS=1; shift ;;
     --skip-bench) SKIP_BENCH=1; shift ;;
     --pytest-args) PYTEST_ARGS=$2; shift 2 ;;
+    --seconds) SESSION_SECONDS=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "gpu_session.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -113,7 +117,7 @@ if [ "$SKIP_BENCH" != 1 ]; then
   if [ -z "$TAG" ]; then
     TAG=$(printf '%s' "${PHASES:-all}-${CONFIGS:-public}-${DTYPES:-both}" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-60)
   fi
-  args=(--out "$OUT" --tag "$TAG")
+  args=(--out "$OUT" --tag "$TAG" --time-budget "$(( SESSION_SECONDS - 90 - SECONDS ))")
   [ -n "$PHASES" ] && args+=(--phases "$PHASES")
   [ -n "$CONFIGS" ] && args+=(--configs "$CONFIGS")
   [ -n "$DTYPES" ] && args+=(--dtype "$DTYPES")

@@ -21,6 +21,7 @@ import argparse
 import pathlib
 import sys
 import tempfile
+import time
 
 import jax
 
@@ -48,6 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cueq-method", default="uniform_1d")
     parser.add_argument("--out", default=None, help="output folder (default benchmarks/results/<device>; a temp folder with --smoke)")
     parser.add_argument("--tag", default=None, help="suffix of the output file names, for split runs")
+    parser.add_argument("--time-budget", type=float, default=None,
+                        help="seconds after which no new group of rows starts (the rest are listed as skipped)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, reference backend, 3 runs")
     args = parser.parse_args(argv)
@@ -115,11 +118,16 @@ def main(argv=None) -> dict:
     out = args.out or default_out(meta["device"], args.smoke)
     plain = [p for p in args.phases if not p.startswith("conv_")]
     conv = [p for p in args.phases if p.startswith("conv_")]
+    meta["skipped"] = []
+    start = time.monotonic()
     for config in args.configs:
         tp = problems.build(config, backend=backend)
         for dtype in args.dtype:
             for group in (plain, conv):
-                if group:
+                if group and args.time_budget is not None and time.monotonic() - start > args.time_budget:
+                    meta["skipped"].append(f"{config} {dtype} {','.join(group)}")
+                    print(f"time budget spent: skipping {meta['skipped'][-1]}", flush=True)
+                elif group:
                     rows = measure.measure_group(tp, config, dtype, group, args.libs, availability,
                                                  options, protocol, edges[dtype])
                     result["rows"] += [dict(metrics.derive(row, meta["ceilings"]), run=0) for row in rows]

@@ -86,6 +86,9 @@ def notes(report: dict) -> list[str]:
                 "XLA ops only in some phases (the reference path)" if max(calls) > 0 else
                 "XLA ops only (the reference path)")
         lines.append(f"  {MAIN} ran on: {path}")
+    for meta in report["runs"]:
+        for skipped in meta.get("skipped", []):
+            lines.append(f"  not measured (time budget of the run spent): {skipped}")
     seen = set()
     for row in report["rows"]:
         for lib, result in row["results"].items():

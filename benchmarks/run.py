@@ -26,7 +26,7 @@ import time
 import jax
 
 from . import ceilings, configs, environment, measure, metrics, problems, report, table
-from .peers import LIBRARIES, Missing, adapter
+from .peers import LIBRARIES, OPTIONAL_LIBRARIES, Missing, adapter
 
 
 def _list(text: str) -> list[str]:
@@ -40,7 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--configs", type=_list, default=None, help="comma-separated config names (overrides --suite)")
     parser.add_argument("--phases", type=_list, default=list(configs.PHASES))
     parser.add_argument("--dtype", type=_list, default=list(configs.DTYPES))
-    parser.add_argument("--libs", type=_list, default=list(LIBRARIES))
+    parser.add_argument("--libs", type=_list, default=list(LIBRARIES),
+                        help=f"default {','.join(LIBRARIES)}; also {','.join(OPTIONAL_LIBRARIES)}")
     parser.add_argument("--edges-float32", type=int, default=None, help=f"default {configs.EDGES['float32']}")
     parser.add_argument("--edges-float64", type=int, default=None, help=f"default {configs.EDGES['float64']}")
     parser.add_argument("--runs", type=int, default=None, help=f"timed runs (default {configs.RUNS})")
@@ -55,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, reference backend, 3 runs")
     args = parser.parse_args(argv)
     for name, values, allowed in (("--phases", args.phases, configs.PHASES), ("--dtype", args.dtype, configs.DTYPES),
-                                  ("--libs", args.libs, LIBRARIES)):
+                                  ("--libs", args.libs, LIBRARIES + OPTIONAL_LIBRARIES)):
         unknown = [v for v in values if v not in allowed]
         if unknown:
             parser.error(f"{name}: unknown {unknown}; choose from {list(allowed)}")

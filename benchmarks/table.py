@@ -9,6 +9,9 @@ problem and error.
 from __future__ import annotations
 
 from .metrics import MAIN
+from .peers import LIBRARIES
+
+PEERS = tuple(lib for lib in LIBRARIES if lib != MAIN)
 
 _STATUS_CELL = {"missing": "missing", "unsupported": "unsupp.", "error": "error"}
 
@@ -52,7 +55,7 @@ def time_table(rows: list[dict], libraries: list[str]) -> list[str]:
     for row in rows:
         results = row["results"]
         speed = [row.get("speedup", {}).get(p) for p in peers]
-        peer_fracs = [results[p].get("floor_fraction") for p in peers if p in results
+        peer_fracs = [results[p].get("floor_fraction") for p in peers if p in results and p in PEERS
                       and results[p].get("status") == "ok" and results[p].get("floor_fraction")]
         main = results.get(MAIN, {})
         body.append([row["config"], row["phase"], str(row["edges"])]

@@ -18,8 +18,10 @@ import importlib
 from typing import Callable
 
 LIBRARIES = ("jax_cgtp", "e3nn", "cueq", "oeq")
+# Selectable with --libs, not run by default: jax_cgtp's deterministic convolution.
+OPTIONAL_LIBRARIES = ("jax_cgtp_det",)
 
-_MODULES = {"jax_cgtp": "cgtp", "e3nn": "e3nn_jax_peer", "cueq": "cueq", "oeq": "oeq"}
+_MODULES = {"jax_cgtp": "cgtp", "e3nn": "e3nn_jax_peer", "cueq": "cueq", "oeq": "oeq", "jax_cgtp_det": "cgtp_det"}
 
 
 class Missing(Exception):
@@ -34,6 +36,10 @@ def _identity(kind, array):
     return array
 
 
+def _same_graph(src, dst, nodes):
+    return src, dst
+
+
 @dataclasses.dataclass
 class Impl:
     """A library's product, ready to be wrapped by :func:`benchmarks.phases.phase_function`.
@@ -41,12 +47,15 @@ class Impl:
     ``apply(x, y, w)`` (or ``apply(x, y, w, src, dst)`` for the convolution, with ``x`` the node
     features and the node count ``x.shape[0]``) takes library-layout arrays. ``to_library(kind,
     a)`` and ``from_library(kind, a)`` convert an operand of kind ``"x"``, ``"y"``, ``"w"`` or
-    ``"z"`` (also used for ``g``) between e3nn's layout and the library's.
+    ``"z"`` (also used for ``g``) between e3nn's layout and the library's. ``prepare_graph(src,
+    dst, nodes)`` returns the two graph arguments ``apply`` takes in place of ``src, dst`` (work
+    done once per graph, outside the timed region).
     """
 
     apply: Callable
     to_library: Callable = _identity
     from_library: Callable = _identity
+    prepare_graph: Callable = _same_graph
     note: str = ""
 
 

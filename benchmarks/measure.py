@@ -99,6 +99,16 @@ def _measure_phase(lib, phase, impl, lib_inputs, reference, dtype, protocol) -> 
     return result
 
 
+def _precompile_cgtp(lib, group_phases, impl, lib_inputs) -> None:
+    """Compile jax_cgtp's kernels for every phase at once (NVRTC in threads), before timing."""
+    if not lib.startswith("jax_cgtp") or jax.default_backend() != "gpu":
+        return
+    from jax_cgtp.cuda_lowering import precompile
+
+    functions = [(phases.phase_function(p, impl.apply), phases.input_names(p)) for p in group_phases]
+    precompile(lambda inputs: [fn(*(inputs[n] for n in names)) for fn, names in functions], lib_inputs)
+
+
 def measure_group(tp, config, dtype, group_phases, libraries, availability, options, protocol, edges):
     """Rows of ``group_phases`` (all plain or all convolution) for every library in ``libraries``."""
     conv = phases.is_conv(group_phases[0])
@@ -128,6 +138,7 @@ def measure_group(tp, config, dtype, group_phases, libraries, availability, opti
             for row in rows.values():
                 row["results"][lib] = {"status": "error", "error": _short(error)}
             continue
+        _precompile_cgtp(lib, group_phases, impl, lib_inputs)
         for phase in group_phases:
             try:
                 result = _measure_phase(lib, phase, impl, lib_inputs, reference, dtype, protocol)

@@ -107,7 +107,7 @@ tests_rc=0
 if [ "$SKIP_TESTS" != 1 ]; then
   step "pytest -m gpu (log: gpu-tests.log)"
   # shellcheck disable=SC2086
-  python3 -m pytest -m gpu -q -p no:cacheprovider $PYTEST_ARGS 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 25
+  python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-tests/test_gpu.py} 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 25
   tests_rc=${PIPESTATUS[0]}
   echo "pytest -m gpu exit status $tests_rc" | tee -a "$SETUP"
 fi

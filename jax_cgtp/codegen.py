@@ -15,7 +15,6 @@ each INDEXED role.
 from __future__ import annotations
 
 import functools
-import math
 import pathlib
 
 from .operands import BATCHED, INDEXED, SHARED

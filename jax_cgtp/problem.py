@@ -74,6 +74,18 @@ class Instruction:
         """Whether the path contributes: no empty multiplicity and a nonzero path weight."""
         return bool(self.mul_in1 and self.mul_in2 and self.mul_out and self.path_weight != 0.0)
 
+    def letters(self, operand: str) -> str:
+        """Multiplicity letters of this path's block of ``operand`` (``"x"``, ``"y"``, ``"w"``, ``"z"``).
+
+        Without weights, a letter that no input carries is dropped: unweighted ``uuw`` sums over
+        u into an output block of multiplicity 1.
+        """
+        letters = MODE_SUBSCRIPTS[self.mode][operand]
+        if self.has_weight or operand != "z":
+            return letters
+        inputs = MODE_SUBSCRIPTS[self.mode]["x"] + MODE_SUBSCRIPTS[self.mode]["y"]
+        return "".join(c for c in letters if c in inputs)
+
     @property
     def num_elements(self) -> int:
         """How many products of multiplicities sum into one output component (e3nn)."""

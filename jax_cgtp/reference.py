@@ -15,24 +15,14 @@ import jax
 import jax.numpy as jnp
 
 from .operands import BATCHED, INDEXED, SHARED, indexed_operands, input_operands, kind_of
-from .problem import MODE_SUBSCRIPTS, Instruction, Problem, cg_block
+from .problem import Instruction, Problem, cg_block
 
 _CG_SUBSCRIPT = {"x": "i", "y": "j", "z": "k"}
 
 
-def _multiplicity_subscript(ins: Instruction, operand: str) -> str:
-    """Multiplicity letters of the operand's block; without weights, letters no input
-    carries are dropped (unweighted ``uuw`` sums over u into an output of multiplicity 1)."""
-    letters = MODE_SUBSCRIPTS[ins.mode][operand]
-    if ins.has_weight or operand != "z":
-        return letters
-    inputs = MODE_SUBSCRIPTS[ins.mode]["x"] + MODE_SUBSCRIPTS[ins.mode]["y"]
-    return "".join(c for c in letters if c in inputs)
-
-
 def _subscript(ins: Instruction, operand: str, per_edge: bool) -> str:
     edge = "e" if per_edge else ""
-    return edge + _multiplicity_subscript(ins, operand) + _CG_SUBSCRIPT.get(operand, "")
+    return edge + ins.letters(operand) + _CG_SUBSCRIPT.get(operand, "")
 
 
 def _valid(index: jax.Array, rows: int) -> jax.Array:
@@ -59,7 +49,7 @@ def _operand_block(problem: Problem, ins: Instruction, operand: str, array: jax.
         return block.reshape(array.shape[:-1] + ins.path_shape)
     offset, mul, dim = problem.block(ins, operand)
     block = array[..., offset : offset + mul * dim]
-    muls = (mul,) * len(_multiplicity_subscript(ins, operand))
+    muls = (mul,) * len(ins.letters(operand))
     return block.reshape(array.shape[:-1] + muls + (dim,))
 
 

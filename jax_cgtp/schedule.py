@@ -28,7 +28,7 @@ import math
 
 from .call import Call, Term
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
-from .problem import MODE_SUBSCRIPTS, Instruction, Problem, cg_nonzeros
+from .problem import Instruction, Problem, cg_nonzeros
 
 WARP = 32
 WARPS_PER_BLOCK = 4
@@ -167,22 +167,9 @@ def letter_muls(ins: Instruction) -> dict[str, int]:
     return {"u": ins.mul_in1, "v": ins.mul_in2, "w": ins.mul_out}
 
 
-def block_letters(ins: Instruction, role: str) -> str:
-    """Multiplicity letters of the instruction's block of ``role``.
-
-    Without weights, a letter that no input carries is dropped (unweighted ``uuw`` sums over u
-    into an output block of multiplicity 1), as in :mod:`jax_cgtp.reference`.
-    """
-    letters = MODE_SUBSCRIPTS[ins.mode][role]
-    if ins.has_weight or role != "z":
-        return letters
-    inputs = MODE_SUBSCRIPTS[ins.mode]["x"] + MODE_SUBSCRIPTS[ins.mode]["y"]
-    return "".join(c for c in letters if c in inputs)
-
-
 def _block_layout(problem: Problem, ins: Instruction, role: str):
     """``(offset, letters, muls, strides, dim)`` of the instruction's block of ``role``."""
-    letters = block_letters(ins, role)
+    letters = ins.letters(role)
     muls = tuple(letter_muls(ins)[c] for c in letters)
     if role == "w":
         strides = tuple(math.prod(muls[n + 1 :]) for n in range(len(muls)))
@@ -223,12 +210,12 @@ def _factor(call: Call, ins: Instruction, role: str, array: int, lane: str | Non
 def _used_letters(ins: Instruction, output_role: str) -> str:
     """Letters read by the factors of a contribution to ``output_role``."""
     roles = [r for r in OPERANDS if r != output_role and (r != "w" or ins.has_weight)]
-    return "".join(block_letters(ins, r) for r in roles)
+    return "".join(ins.letters(r) for r in roles)
 
 
 def _contracted(ins: Instruction, role: str) -> dict[str, int]:
     """Letters a contribution sums over (read by its factors, absent from its output block)."""
-    out = block_letters(ins, role)
+    out = ins.letters(role)
     return {c: letter_muls(ins)[c] for c in "uvw" if c in _used_letters(ins, role) and c not in out}
 
 
@@ -239,7 +226,7 @@ def _contribution(call: Call, role: str, term: Term, n: int, ins: Instruction, l
         for r, array in zip(roles, term.args)
         if r != "w" or ins.has_weight
     )
-    out_letters = block_letters(ins, role)
+    out_letters = ins.letters(role)
     loops = tuple(c for c in _contracted(ins, role) if c != lane)
     return Contribution(
         n, ins, factors, tuple(cg_nonzeros(call.problem, ins)), out_letters, lane, loops,
@@ -282,7 +269,7 @@ def _plan_slot(call: Call, k: int, output, name: str, offset: int, users, itemsi
     if reduce:
         lanes = [max(c, key=c.get) for c in contracted]
     else:
-        lanes = [block_letters(ins, role)[:1] or None for _, _, ins in pairs]
+        lanes = [ins.letters(role)[:1] or None for _, _, ins in pairs]
     contributions = tuple(
         _contribution(call, role, t, n, ins, lane, itemsize) for (t, n, ins), lane in zip(pairs, lanes)
     )

@@ -299,7 +299,9 @@ def _emit_contribution(w: _Writer, schedule: KernelSchedule, slot: Slot, c: Cont
     w(f"// path {c.ins_index}: {names[0]} (x) {names[1]} -> {names[2]}, mode {ins.mode}, "
       f"{'weighted' if ins.has_weight else 'unweighted'}, {len(c.nonzeros)} CG nonzeros")
     w.open("")
-    bindings = _factor_bindings(slot, c)
+    values = _factor_bindings(slot, c)
+    values.update({letter: "0" for letter in c.loop_letters if c.mul(letter) == 1})
+    loops = [letter for letter in c.loop_letters if c.mul(letter) > 1]
     staged = [f for f in c.factors if f.staged and not slot.outer_letters]
     if slot.mode == "reduce":
         lane_mul = c.mul(c.lane_letter)
@@ -310,6 +312,16 @@ def _emit_contribution(w: _Writer, schedule: KernelSchedule, slot: Slot, c: Cont
         chunk, rows, guard = "cr", "nr", f"lr < {lane_mul}"
     else:
         chunk, rows, guard = "c", "nrows", "active"
+    static_letters = c.out_letters if slot.mode == "reduce" else ""
+    # Global loads that need no loop are issued before the staging copy, so that their latency
+    # overlaps with it instead of following the warp barrier.
+    loaded = set()
+    for n, f in enumerate(c.factors):
+        if f in staged or any(l not in values or l in static_letters for l in f.letters):
+            continue
+        loaded.add(n)
+        for comp in _used_components(c, f.role):
+            w(f"const T f{n}_{comp} = {guard} ? {_element(f, False, values, comp)} : T(0);")
     for f in staged:
         row = f.strides[0] if f.role == "w" else f.dim
         width = row if row % 2 else row + 1
@@ -318,7 +330,7 @@ def _emit_contribution(w: _Writer, schedule: KernelSchedule, slot: Slot, c: Cont
     if staged:
         w("__syncwarp();")
     w.open(f"if ({guard})")
-    _emit_loops(w, schedule, slot, c, bindings, staged)
+    _emit_loops(w, schedule, slot, c, values, loops, loaded, staged)
     w.close()
     if staged:
         w("__syncwarp();")
@@ -344,9 +356,9 @@ def _used_components(c: Contribution, role: str) -> list[int]:
     return sorted({nz[position] for nz in c.nonzeros})
 
 
-def _emit_loops(w, schedule, slot, c: Contribution, bindings, staged) -> None:
-    values = dict(bindings)
-    loaded: set[int] = set()
+def _emit_loops(w, schedule, slot, c: Contribution, values, loops, loaded, staged) -> None:
+    values = dict(values)
+    loaded = set(loaded)
     static_letters = c.out_letters if slot.mode == "reduce" else ""
 
     def emit_ready_loads(suffix=""):
@@ -361,7 +373,7 @@ def _emit_loops(w, schedule, slot, c: Contribution, bindings, staged) -> None:
                 w(f"const T f{n}_{comp}{suffix} = {_element(f, f in staged, values, comp)};")
 
     emit_ready_loads()
-    for letter in c.loop_letters:
+    for letter in loops:
         w("#pragma unroll 2")
         w.open(f"for (int l_{letter} = 0; l_{letter} < {c.mul(letter)}; ++l_{letter})")
         values[letter] = f"l_{letter}"
@@ -373,7 +385,7 @@ def _emit_loops(w, schedule, slot, c: Contribution, bindings, staged) -> None:
             _emit_products(w, schedule, slot, c, f"_m{m}", m)
     else:
         _emit_products(w, schedule, slot, c, "", 0)
-    for _ in c.loop_letters:
+    for _ in loops:
         w.close()
 
 

@@ -13,18 +13,24 @@
 #   --tag NAME       [BENCH_TAG]      suffix of the result files (default: from phases/configs/dtypes)
 #   --skip-tests     [SKIP_TESTS=1]   do not run pytest -m gpu
 #   --skip-bench     [SKIP_BENCH=1]   set up (and test) only
-#   --pytest-args S  [PYTEST_ARGS]    extra pytest arguments, e.g. "-k conv"
+#   --pytest-args S  [PYTEST_ARGS]    pytest arguments of the main test run (default tests/test_gpu.py),
+#                                     word-split: no quoted -k expressions
+#   --workers N      [PYTEST_WORKERS] pytest-xdist workers sharing the GPU for the main run (default 4)
+#   --skip-large     [SKIP_LARGE=1]   do not run the 30M-edge tests (their own run, one at a time)
+#   --e2e            [RUN_E2E=1]      run examples/bench_e2e.py (MD and training step, jax_cgtp vs
+#                                     e3nn-jax; needs the ase and matscipy wheels in .whl) after the tests
 #   --seconds N      [SESSION_SECONDS] the call's time limit (default 570): the benchmark starts no
 #                    new group of rows after N - 90 s from the start of this script, so its
 #                    files are written before the device tool stops the call
 # A copy of the tree without .git cannot name its commit: pass JAX_CGTP_GIT_COMMIT=<sha[-dirty]>.
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
-# bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png.
+# gpu-tests-large.log, e2e.txt, bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 
 PHASES=${BENCH_PHASES:-}; CONFIGS=${BENCH_CONFIGS:-}; DTYPES=${BENCH_DTYPES:-}; LIBS=${BENCH_LIBS:-}
 TAG=${BENCH_TAG:-}; SESSION_SECONDS=${SESSION_SECONDS:-570}; SKIP_TESTS=${SKIP_TESTS:-0}; SKIP_BENCH=${SKIP_BENCH:-0}; PYTEST_ARGS=${PYTEST_ARGS:-}
+PYTEST_WORKERS=${PYTEST_WORKERS:-4}; SKIP_LARGE=${SKIP_LARGE:-0}; RUN_E2E=${RUN_E2E:-0}
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,6 +43,9 @@ while [ $# -gt 0 ]; do
     --skip-bench) SKIP_BENCH=1; shift ;;
     --pytest-args) PYTEST_ARGS=$2; shift 2 ;;
     --seconds) SESSION_SECONDS=$2; shift 2 ;;
+    --workers) PYTEST_WORKERS=$2; shift 2 ;;
+    --skip-large) SKIP_LARGE=1; shift ;;
+    --e2e) RUN_E2E=1; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "gpu_session.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -105,11 +114,28 @@ fi
 
 tests_rc=0
 if [ "$SKIP_TESTS" != 1 ]; then
-  step "pytest -m gpu (log: gpu-tests.log)"
+  # The workers share the GPU: each allocates what it uses instead of a fixed fraction.
+  step "pytest -m gpu, $PYTEST_WORKERS workers, without the 30M-edge tests (log: gpu-tests.log)"
   # shellcheck disable=SC2086
-  python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-tests/test_gpu.py} 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 25
+  XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -p no:cacheprovider --durations=25 \
+    -n "$PYTEST_WORKERS" -k "not thirty_million" ${PYTEST_ARGS:-tests/test_gpu.py} 2>&1 \
+    | tee "$OUT/gpu-tests.log" | tail -n 40
   tests_rc=${PIPESTATUS[0]}
   echo "pytest -m gpu exit status $tests_rc" | tee -a "$SETUP"
+  if [ "$SKIP_LARGE" != 1 ]; then
+    step "pytest -m gpu -k thirty_million, one at a time (log: gpu-tests-large.log)"
+    python3 -m pytest -m gpu -q -p no:cacheprovider --durations=5 -k thirty_million tests/test_gpu.py 2>&1 \
+      | tee "$OUT/gpu-tests-large.log" | tail -n 25
+    large_rc=${PIPESTATUS[0]}
+    echo "pytest -m gpu -k thirty_million exit status $large_rc" | tee -a "$SETUP"
+    [ "$large_rc" = 0 ] || tests_rc=$large_rc
+  fi
+fi
+
+if [ "$RUN_E2E" = 1 ]; then
+  step "examples/bench_e2e.py (log: e2e.txt)"
+  (cd examples && python3 bench_e2e.py) 2>&1 | tee "$OUT/e2e.txt" | tail -n 20
+  echo "bench_e2e exit status ${PIPESTATUS[0]}" | tee -a "$SETUP"
 fi
 
 bench_rc=0

@@ -1,0 +1,159 @@
+"""End-to-end benchmark: one MD step and one training step of the same NequIP-style model,
+jax_cgtp vs e3nn-jax (the potential's ``backend="e3nn"`` switch: same parameters).
+
+* MD step: velocity Verlet with energy + forces (``md.make_step``) on the periodic water box
+  (3,993 atoms at the default size).
+* training step: Adam on energy + force loss (second derivatives, ``train.make_train_step``)
+  on a batch of perturbed copper cells labelled by EMT.
+
+For each pair it prints the compile time, the median step time, XLA's memory plan of the
+compiled step (arguments + outputs + temporaries) and, on a GPU, the device's peak bytes in
+use. Each measurement runs in its own process so the peaks do not mix (``--inline`` runs
+them in this process, e.g. for a quick CPU check). The last columns compare with e3nn-jax.
+
+    python examples/bench_e2e.py --smoke --inline       # seconds on CPU
+    python examples/bench_e2e.py                        # on the GPU: the table for the README
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import md
+import potential
+import train
+
+MIB = 2**20
+
+
+def md_workload(model, args):
+    atoms = md.water_box(args.water_side)
+    md.thermalize(atoms, 300.0)
+    graph = potential.build_graph([atoms], model.cutoff)
+    positions = jnp.asarray(atoms.positions)
+    params = potential.init_params(model, jax.random.PRNGKey(0), positions, graph)
+    step = md.make_step(model, params, jnp.asarray(atoms.get_masses(), positions.dtype)[:, None])
+    velocities = jnp.asarray(atoms.get_velocities(), positions.dtype)
+    dt = jnp.asarray(0.5 * md.ase.units.fs, positions.dtype)
+    inputs = (positions, velocities, jnp.zeros_like(positions), graph, dt)
+    return step, inputs, len(atoms), int(jnp.sum(graph.src < len(atoms))), lambda out: float(out[3])
+
+
+def train_workload(model, args):
+    structures = train.perturbed_copper(args.batch_size, args.copper_repeat, 0.1, 0.03)
+    (batch,) = train.make_batches(structures, args.batch_size, model.cutoff)
+    params = potential.init_params(model, jax.random.PRNGKey(0), batch.positions, batch.graph)
+    optimizer = optax.adam(1e-3)
+    step = train.make_train_step(model, optimizer, force_weight=10.0)
+    atoms = batch.positions.shape[0]
+    edges = int(jnp.sum(batch.graph.src < atoms))
+    return step, (params, optimizer.init(params), batch), atoms, edges, lambda out: float(out[2])
+
+
+WORKLOADS = {"md": md_workload, "train": train_workload}
+
+
+def measure(workload: str, backend: str, args) -> dict:
+    """Compile and time one (workload, backend) pair in this process."""
+    args.backend = backend
+    model = potential.model_from_arguments(args)
+    step, inputs, atoms, edges, scalar = WORKLOADS[workload](model, args)
+    start = time.perf_counter()
+    compiled = step.lower(*inputs).compile()
+    output = jax.block_until_ready(compiled(*inputs))
+    compile_s = time.perf_counter() - start
+    times = []
+    for _ in range(args.iters):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*inputs))
+        times.append(time.perf_counter() - start)
+    plan = compiled.memory_analysis()
+    planned = None if plan is None else (
+        plan.argument_size_in_bytes + plan.output_size_in_bytes + plan.temp_size_in_bytes - plan.alias_size_in_bytes
+    )
+    stats = jax.devices()[0].memory_stats() or {}
+    return {
+        "workload": workload, "backend": backend, "device": jax.devices()[0].device_kind,
+        "atoms": atoms, "edges": edges, "compile_s": compile_s,
+        "step_ms": 1e3 * float(np.median(times)), "planned_bytes": planned,
+        "peak_bytes": stats.get("peak_bytes_in_use"), "value": scalar(output),
+    }
+
+
+def measure_isolated(workload: str, backend: str, argv: list[str]) -> dict:
+    """:func:`measure` in a fresh process, so the device's peak memory is this pair's alone."""
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    command = [sys.executable, __file__, *argv, "--worker", f"{workload}:{backend}"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{workload}/{backend} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+
+
+def table(results: list[dict], reference: str = "e3nn") -> str:
+    def mib(value):
+        return "n/a" if value is None else f"{value / MIB:.1f}"
+
+    lines = [
+        "| workload | atoms | edges | backend | compile s | step ms | XLA plan MiB | peak MiB | speedup vs e3nn | memory vs e3nn |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        base = next((b for b in results if b["workload"] == r["workload"] and b["backend"] == reference), None)
+        speedup = f"{base['step_ms'] / r['step_ms']:.2f}x" if base else "n/a"
+        key = "peak_bytes" if r["peak_bytes"] is not None else "planned_bytes"
+        memory = f"{r[key] / base[key]:.2f}" if base and r[key] and base[key] else "n/a"
+        lines.append(
+            f"| {r['workload']} | {r['atoms']} | {r['edges']} | {r['backend']} | {r['compile_s']:.1f} | "
+            f"{r['step_ms']:.2f} | {mib(r['planned_bytes'])} | {mib(r['peak_bytes'])} | {speedup} | {memory} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    potential.add_model_arguments(parser)
+    parser.add_argument("--backends", default="auto,e3nn", help="comma-separated: auto, reference, cuda, e3nn")
+    parser.add_argument("--workloads", default="md,train")
+    parser.add_argument("--water-side", type=int, default=11, help="molecules per box side (11: 3,993 atoms)")
+    parser.add_argument("--copper-repeat", type=int, default=3, help="cubic cells per side (3: 108 atoms)")
+    parser.add_argument("--batch-size", type=int, default=8, help="copper structures per training batch")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--inline", action="store_true", help="measure in this process (peaks mix)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.water_side, args.copper_repeat, args.batch_size, args.iters = 2, 1, 2, min(args.iters, 3)
+    if args.worker:
+        workload, backend = args.worker.split(":")
+        print("RESULT " + json.dumps(measure(workload, backend, args)), flush=True)
+        return []
+    pairs = [(w, b) for w in args.workloads.split(",") for b in args.backends.split(",")]
+    for workload, backend in pairs:
+        if workload not in WORKLOADS or backend not in potential.jax_cgtp.flax.MODULE_BACKENDS:
+            parser.error(f"unknown workload {workload!r} or backend {backend!r}")
+    results = []
+    for workload, backend in pairs:
+        result = measure(workload, backend, args) if args.inline else measure_isolated(workload, backend, argv)
+        print(f"{workload:>5} {backend:>9}: {result['step_ms']:.2f} ms/step (value {result['value']:.6g})", flush=True)
+        results.append(result)
+    print(f"\ndevice: {results[0]['device']}; model: channels {args.channels if not args.smoke else 4}, "
+          f"lmax {args.lmax if not args.smoke else 1}, layers {args.layers if not args.smoke else 1}\n")
+    print(table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

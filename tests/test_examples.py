@@ -1,0 +1,141 @@
+"""The examples: the potential's symmetries and derivatives, and each script end to end with --smoke."""
+
+import functools
+import pathlib
+import sys
+
+import e3nn_jax as e3nn
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+import bench_e2e  # noqa: E402
+import md  # noqa: E402
+import potential  # noqa: E402
+import train  # noqa: E402
+
+SMOKE = dict(channels=4, lmax=1, num_layers=2, cutoff=3.0, num_basis=4, radial_hidden=(8,))
+
+
+@functools.lru_cache(maxsize=None)
+def setup(backend="auto"):
+    """A small model on a periodic water box of 24 atoms (float64), and its jitted E, F.
+    Both backends share one set of parameters (initialised once)."""
+    model = potential.NequIP(**SMOKE, backend=backend)
+    atoms = md.water_box(2)
+    atoms.rattle(0.05, seed=1)
+    graph = potential.build_graph([atoms], model.cutoff, 1024)
+    positions = jnp.asarray(atoms.positions, jnp.float64)
+    if backend == "auto":
+        params = potential.init_params(model, jax.random.PRNGKey(0), positions, graph)
+        params = jax.tree_util.tree_map(lambda p: p.astype(jnp.float64), params)
+    else:
+        params = setup("auto")[3]
+    evaluate = jax.jit(lambda p, r, g: potential.energy_and_forces(model, p, r, g))
+    return model, atoms, graph, params, evaluate
+
+
+def test_energy_is_rotation_invariant_and_forces_rotate_with_the_structure():
+    model, atoms, graph, params, evaluate = setup()
+    energy, forces = evaluate(params, jnp.asarray(atoms.positions), graph)
+    rotation = np.asarray(e3nn.rand_matrix(jax.random.PRNGKey(7), ()), np.float64)
+    rotated = atoms.copy()
+    rotated.set_cell(np.asarray(atoms.cell) @ rotation.T, scale_atoms=True)
+    energy_r, forces_r = evaluate(params, jnp.asarray(rotated.positions), potential.build_graph([rotated], model.cutoff, 1024))
+    assert abs(float(energy)) > 1e-3 and float(jnp.max(jnp.abs(forces))) > 1e-4  # not trivially zero
+    assert abs(float(energy_r - energy)) < 1e-8 * max(1.0, abs(float(energy)))
+    np.testing.assert_allclose(forces_r, forces @ rotation.T, atol=1e-8)
+
+
+def test_energy_is_translation_and_permutation_invariant():
+    model, atoms, graph, params, evaluate = setup()
+    energy, forces = evaluate(params, jnp.asarray(atoms.positions), graph)
+    moved = atoms.copy()
+    moved.translate([0.3, -1.2, 2.5])
+    order = np.random.default_rng(0).permutation(len(atoms))
+    moved = moved[order]
+    energy_m, forces_m = evaluate(params, jnp.asarray(moved.positions), potential.build_graph([moved], model.cutoff, 1024))
+    assert abs(float(energy_m - energy)) < 1e-8 * max(1.0, abs(float(energy)))
+    np.testing.assert_allclose(forces_m, forces[order], atol=1e-8)
+
+
+def test_forces_are_minus_the_gradient_of_the_energy():
+    model, atoms, graph, params, evaluate = setup()
+    positions = jnp.asarray(atoms.positions)
+    _, forces = evaluate(params, positions, graph)
+    step = 1e-5
+    for atom, axis in [(0, 0), (5, 2), (17, 1)]:
+        shift = jnp.zeros_like(positions).at[atom, axis].set(step)
+        difference = (evaluate(params, positions + shift, graph)[0] - evaluate(params, positions - shift, graph)[0]) / (2 * step)
+        assert abs(float(-difference - forces[atom, axis])) < 1e-6
+
+
+def test_e3nn_backend_gives_the_same_energy_and_forces():
+    _, atoms, graph, params, evaluate = setup()
+    *_, evaluate_e3nn = setup("e3nn")
+    energy, forces = evaluate(params, jnp.asarray(atoms.positions), graph)
+    energy_e3nn, forces_e3nn = evaluate_e3nn(params, jnp.asarray(atoms.positions), graph)
+    assert abs(float(energy - energy_e3nn)) < 1e-8 * max(1.0, abs(float(energy)))
+    np.testing.assert_allclose(forces, forces_e3nn, atol=1e-8)
+
+
+def test_padding_edges_change_nothing():
+    model, atoms, graph, params, evaluate = setup()
+    energy, forces = evaluate(params, jnp.asarray(atoms.positions), graph)
+    padding = graph.src >= len(atoms)
+    assert int(jnp.sum(padding)) > 100
+    # Padding edges that point at real atoms on one end and carry arbitrary shifts still count for nothing.
+    rng = np.random.default_rng(3)
+    other = graph._replace(
+        src=jnp.where(padding, jnp.asarray(rng.integers(0, len(atoms), padding.shape), graph.src.dtype), graph.src),
+        shifts=jnp.where(padding[:, None], jnp.asarray(rng.normal(size=graph.shifts.shape)), graph.shifts),
+    )
+    energy_o, forces_o = evaluate(params, jnp.asarray(atoms.positions), other)
+    assert abs(float(energy_o - energy)) < 1e-12 * max(1.0, abs(float(energy)))
+    np.testing.assert_allclose(forces_o, forces, atol=1e-12)
+
+
+def test_graph_construction_reports_overflow_and_unknown_elements():
+    atoms = md.copper(1)
+    with pytest.raises(ValueError, match="capacity"):
+        potential.build_graph([atoms], 3.0, capacity=8)
+    atoms.numbers[0] = 26
+    with pytest.raises(ValueError, match=r"elements \[26\]"):
+        potential.build_graph([atoms], 3.0)
+
+
+def test_potential_example_runs():
+    result = potential.main(["--smoke"])
+    assert np.isfinite(result["energy"]) and result["forces"].shape == (4, 3)
+    assert result["rotation_errors"]["energy"] < 1e-8 and result["rotation_errors"]["forces"] < 1e-8
+
+
+def test_md_example_runs_on_water_and_copper():
+    results = md.main(["--smoke", "--quiet"])
+    assert [r["system"] for r in results] == ["water", "copper"]
+    for r in results:
+        assert r["steps_per_s"] > 0 and r["edges"] > 0
+        assert abs(r["drift_mev_per_atom"]) < 0.1 and r["max_dev_mev_per_atom"] < 0.1
+
+
+def test_train_example_fits_and_saves(tmp_path):
+    history = train.main(["--smoke", "--plot", str(tmp_path / "loss.png"), "--save", str(tmp_path / "params.msgpack")])
+    assert history["train_loss"][-1] < history["train_loss"][0]
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    restored = flax.serialization.msgpack_restore((tmp_path / "params.msgpack").read_bytes())
+    assert "shift" in restored["params"]
+
+
+def test_bench_e2e_compares_the_two_backends():
+    results = bench_e2e.main(["--smoke", "--inline", "--iters", "1", "--workloads", "md"])
+    by_pair = {(r["workload"], r["backend"]): r for r in results}
+    assert set(by_pair) == {("md", "auto"), ("md", "e3nn")}  # train's step is train.py's, tested above
+    for workload in ("md",):
+        ours, theirs = by_pair[(workload, "auto")], by_pair[(workload, "e3nn")]
+        assert ours["step_ms"] > 0 and ours["planned_bytes"] > 0
+        assert abs(ours["value"] - theirs["value"]) <= 1e-6 * max(1.0, abs(theirs["value"]))

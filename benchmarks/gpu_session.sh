@@ -16,9 +16,11 @@
 #   --pytest-args S  [PYTEST_ARGS]    pytest arguments of the main test run (default tests/test_gpu.py),
 #                                     word-split: no quoted -k expressions
 #   --workers N      [PYTEST_WORKERS] pytest-xdist workers sharing the GPU for the main run (default 4)
-#   --skip-large     [SKIP_LARGE=1]   do not run the 30M-edge tests (their own run, one at a time)
+#   --skip-large     [SKIP_LARGE=1]   do not run the 30M-edge tests (their own run, one at a time,
+#                                     stopped after LARGE_SECONDS, default 240)
 #   --e2e            [RUN_E2E=1]      run examples/bench_e2e.py (MD and training step, jax_cgtp vs
-#                                     e3nn-jax; needs the ase and matscipy wheels in .whl) after the tests
+#                                     e3nn-jax; needs the ase and matscipy wheels in .whl) after the tests,
+#                                     stopped after E2E_SECONDS (default 300)
 #   --seconds N      [SESSION_SECONDS] the call's time limit (default 570): the benchmark starts no
 #                    new group of rows after N - 90 s from the start of this script, so its
 #                    files are written before the device tool stops the call
@@ -124,7 +126,7 @@ if [ "$SKIP_TESTS" != 1 ]; then
   echo "pytest -m gpu exit status $tests_rc" | tee -a "$SETUP"
   if [ "$SKIP_LARGE" != 1 ]; then
     step "pytest -m gpu -k thirty_million, one at a time (log: gpu-tests-large.log)"
-    python3 -m pytest -m gpu -q -p no:cacheprovider --durations=5 -k thirty_million tests/test_gpu.py 2>&1 \
+    timeout "${LARGE_SECONDS:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=5 -k thirty_million tests/test_gpu.py 2>&1 \
       | tee "$OUT/gpu-tests-large.log" | tail -n 25
     large_rc=${PIPESTATUS[0]}
     echo "pytest -m gpu -k thirty_million exit status $large_rc" | tee -a "$SETUP"
@@ -134,7 +136,7 @@ fi
 
 if [ "$RUN_E2E" = 1 ]; then
   step "examples/bench_e2e.py (log: e2e.txt)"
-  (cd examples && python3 bench_e2e.py) 2>&1 | tee "$OUT/e2e.txt" | tail -n 20
+  (cd examples && timeout "${E2E_SECONDS:-300}" python3 bench_e2e.py) 2>&1 | tee "$OUT/e2e.txt" | tail -n 20
   echo "bench_e2e exit status ${PIPESTATUS[0]}" | tee -a "$SETUP"
 fi
 

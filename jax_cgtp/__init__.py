@@ -7,6 +7,7 @@
 (5, 64)
 """
 
+from . import e3nn
 from .conv import TensorProductConv, check_graph
 from .graph import SortedGraph, sort_graph
 from .problem import Instruction, Problem, make_problem
@@ -24,6 +25,7 @@ __all__ = [
     "TensorProductConv",
     "channelwise_tensor_product",
     "check_graph",
+    "e3nn",
     "fully_connected_tensor_product",
     "make_problem",
     "sort_graph",

@@ -93,7 +93,6 @@ def launch(call: Call, *args):
     args = list(args[:n]) + [jnp.asarray(a, index_dtype) for a in args[n:]]
     edges = num_edges(call, [a.shape for a in args])
     scalars = np.array([edges] + [call.row_count(r) for r in call.indexed_roles], np.int64)
-    arch = device_arch()
     results = [None] * len(call.outputs)
     for kernel in _plan(call, _KERNEL_DTYPES[dtype], index_ctype):
         segments = call.row_count(kernel.segment_role) if kernel.segment_role else 0
@@ -105,22 +104,30 @@ def launch(call: Call, *args):
             )
             for out in kernel.outputs
         ]
-        image, image_id = _kernel_image(kernel, arch)
-        outputs = jax.ffi.ffi_call(TARGET, shapes)(
-            *args,
-            image=image,
-            image_id=np.int64(image_id),
-            kernel=codegen.KERNEL_NAME,
-            grid=np.int64(grid),
-            block=np.int64(kernel.block),
-            shared_bytes=np.int64(kernel.shared_bytes),
-            scalars=scalars,
-            zero_outputs=np.array([out.kind != BATCHED for out in kernel.outputs], np.int64),
-            poison=np.int64(os.environ.get("JAX_CGTP_POISON_OUTPUTS") == "1"),
-        )
+        outputs = run_kernel(kernel, args, shapes, grid, scalars)
         for out, value in zip(kernel.outputs, outputs):
             results[out.call_output] = value.sum(axis=0) if out.kind == SHARED else value
     return results
+
+
+def run_kernel(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars: np.ndarray):
+    """One launch of ``kernel`` on ``grid`` blocks through the XLA FFI target: its outputs.
+
+    Outputs that are accumulated (not BATCHED) start from zero.
+    """
+    image, image_id = _kernel_image(kernel, device_arch())
+    return jax.ffi.ffi_call(TARGET, shapes)(
+        *args,
+        image=image,
+        image_id=np.int64(image_id),
+        kernel=codegen.KERNEL_NAME,
+        grid=np.int64(grid),
+        block=np.int64(kernel.block),
+        shared_bytes=np.int64(kernel.shared_bytes),
+        scalars=scalars,
+        zero_outputs=np.array([out.kind != BATCHED for out in kernel.outputs], np.int64),
+        poison=np.int64(os.environ.get("JAX_CGTP_POISON_OUTPUTS") == "1"),
+    )
 
 
 def lowering(reference_rule):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
+from family_members import assert_close, conv_members, members, pair, random_graph, relative_error
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -24,43 +25,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not any(d.platform == "gpu" for d in jax.devices()), reason="needs an NVIDIA GPU"),
 ]
-
-TOLERANCE = {jnp.float64: 1e-12, jnp.float32: 1e-5}
-
-
-def relative_error(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert np.isfinite(a).all(), "the kernel left unwritten (NaN) or non-finite elements"
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
-
-
-def assert_close(actual, expected, dtype):
-    for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
-        assert a.shape == b.shape
-        assert relative_error(a, b) < TOLERANCE[dtype]
-
-
-def pair(spec, cls=jax_cgtp.TensorProduct, **options):
-    """The same problem on the CUDA backend and on the reference."""
-    irreps_in1, irreps_in2, irreps_out, instructions, normalization = spec
-    return tuple(cls(irreps_in1, irreps_in2, irreps_out, instructions, **normalization, backend=backend, **options)
-                 for backend in ("cuda", "reference"))
-
-
-def members(tp, x, y, w, g):
-    """Every kind of family call: the product, its JVP (three terms), the fused backward, the
-    three single-operand gradients, and the force-training second derivative."""
-    z, vjp = jax.vjp(tp, x, y, w)
-    jvp = jax.jvp(tp, (x, y, w), (0.5 * x, 2.0 * y, -w))[1]
-    grad_x = jax.grad(lambda a: jnp.sum(tp(a, y, w) * g))(x)
-    grad_y = jax.grad(lambda a: jnp.sum(tp(x, a, w) * g))(y)
-    grad_w = jax.grad(lambda a: jnp.sum(tp(x, y, a) * g))(w)
-
-    def force_loss(w, x):
-        forces = jax.grad(lambda y: jnp.sum(tp(x, y, w) * g))(y)
-        return jnp.sum(forces ** 2)
-
-    return z, jvp, vjp(g), (grad_x, grad_y, grad_w), jax.grad(force_loss, argnums=(0, 1))(w, x)
 
 
 def problem_cases(dtype, seeds):
@@ -154,29 +118,6 @@ def test_batch_sizes(batch):
 
 
 # ---- graph convolution
-
-
-def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, shared=False):
-    keys = jax.random.split(key, 6)
-    x = jax.random.normal(keys[0], (num_nodes, conv.irreps_in1.dim), dtype)
-    y = jax.random.normal(keys[1], (num_edges, conv.irreps_in2.dim), dtype)
-    w = jax.random.normal(keys[2], (conv.weight_numel,) if shared else (num_edges, conv.weight_numel), dtype)
-    src = jax.random.randint(keys[3], (num_edges,), 0, num_nodes)
-    dst = jax.random.randint(keys[4], (num_edges,), 0, max(num_nodes - 3, 1))  # the last nodes stay isolated
-    bad = jax.random.uniform(keys[5], (num_edges,)) < bad_fraction
-    src = jnp.where(bad & (jnp.arange(num_edges) % 2 == 0), -1, src)
-    dst = jnp.where(bad & (jnp.arange(num_edges) % 2 == 1), num_nodes + 5, dst)
-    return x, y, w, src, dst
-
-
-def conv_members(conv, num_nodes, x, y, w, src, dst):
-    out, vjp = jax.vjp(lambda *a: conv(*a, src, dst, num_nodes), x, y, w)
-
-    def force_loss(w, x):
-        forces = jax.grad(lambda y: jnp.sum(jnp.tanh(conv(x, y, w, src, dst, num_nodes))))(y)
-        return jnp.sum(forces ** 2)
-
-    return out, vjp(jnp.cos(out)), jax.grad(force_loss, argnums=(0, 1))(w, x)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

@@ -1,0 +1,70 @@
+"""What the kernel tests share: every kind of family call, the comparison with the reference, and
+random graphs. Used by the GPU tests and by the host-emulated kernel tests."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_cgtp
+
+TOLERANCE = {jnp.float64: 1e-12, jnp.float32: 1e-5}
+
+
+def relative_error(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all(), "the kernel left unwritten (NaN) or non-finite elements"
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def assert_close(actual, expected, dtype):
+    for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+        assert a.shape == b.shape
+        assert relative_error(a, b) < TOLERANCE[dtype]
+
+
+def pair(spec, cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
+    """The same problem on the kernels' backend (``kernels``) and on the reference."""
+    irreps_in1, irreps_in2, irreps_out, instructions, normalization = spec
+    return tuple(cls(irreps_in1, irreps_in2, irreps_out, instructions, **normalization, backend=backend, **options)
+                 for backend in (kernels, "reference"))
+
+
+def members(tp, x, y, w, g):
+    """Every kind of family call: the product, its JVP (three terms), the fused backward, the
+    three single-operand gradients, and the force-training second derivative."""
+    z, vjp = jax.vjp(tp, x, y, w)
+    jvp = jax.jvp(tp, (x, y, w), (0.5 * x, 2.0 * y, -w))[1]
+    grad_x = jax.grad(lambda a: jnp.sum(tp(a, y, w) * g))(x)
+    grad_y = jax.grad(lambda a: jnp.sum(tp(x, a, w) * g))(y)
+    grad_w = jax.grad(lambda a: jnp.sum(tp(x, y, a) * g))(w)
+
+    def force_loss(w, x):
+        forces = jax.grad(lambda y: jnp.sum(tp(x, y, w) * g))(y)
+        return jnp.sum(forces ** 2)
+
+    return z, jvp, vjp(g), (grad_x, grad_y, grad_w), jax.grad(force_loss, argnums=(0, 1))(w, x)
+
+
+def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, shared=False):
+    """Inputs of ``conv``; the last 3 nodes receive no edge, ``bad_fraction`` of the edges are out of range."""
+    keys = jax.random.split(key, 6)
+    x = jax.random.normal(keys[0], (num_nodes, conv.irreps_in1.dim), dtype)
+    y = jax.random.normal(keys[1], (num_edges, conv.irreps_in2.dim), dtype)
+    w = jax.random.normal(keys[2], (conv.weight_numel,) if shared else (num_edges, conv.weight_numel), dtype)
+    src = jax.random.randint(keys[3], (num_edges,), 0, num_nodes)
+    dst = jax.random.randint(keys[4], (num_edges,), 0, max(num_nodes - 3, 1))  # the last nodes stay isolated
+    bad = jax.random.uniform(keys[5], (num_edges,)) < bad_fraction
+    src = jnp.where(bad & (jnp.arange(num_edges) % 2 == 0), -1, src)
+    dst = jnp.where(bad & (jnp.arange(num_edges) % 2 == 1), num_nodes + 5, dst)
+    return x, y, w, src, dst
+
+
+def conv_members(conv, num_nodes, x, y, w, src, dst):
+    """The convolution, its fused backward, and the force-training second derivative."""
+    out, vjp = jax.vjp(lambda *a: conv(*a, src, dst, num_nodes), x, y, w)
+
+    def force_loss(w, x):
+        forces = jax.grad(lambda y: jnp.sum(jnp.tanh(conv(x, y, w, src, dst, num_nodes))))(y)
+        return jnp.sum(forces ** 2)
+
+    return out, vjp(jnp.cos(out)), jax.grad(force_loss, argnums=(0, 1))(w, x)

@@ -1,0 +1,138 @@
+"""Run the generated CUDA kernels on the CPU, so their arithmetic is tested without a GPU.
+
+Each kernel's source is compiled as host C++ with ``cuda_host_emulation.h`` (threads for CUDA
+threads, barriers for warp synchronisation) and called through ``jax.pure_callback`` in place of
+the FFI launch. :func:`emulated_kernels` makes the CPU lowering of the ``cgtp`` primitive the CUDA
+lowering (``launch``: the same schedules, grids, partial rows and zeroing), so every jitted
+function, derivatives included, runs the kernels a GPU would run. Outputs a kernel overwrites
+start as NaN, as with ``JAX_CGTP_POISON_OUTPUTS=1`` on the GPU.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import functools
+import hashlib
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+
+import jax
+import numpy as np
+from jax.interpreters import mlir
+
+from jax_cgtp import codegen, cuda_lowering, primitives
+from jax_cgtp.operands import BATCHED
+
+HEADER = pathlib.Path(__file__).with_name("cuda_host_emulation.h")
+COMPILER = shutil.which("g++")
+_BUILD = pathlib.Path(tempfile.mkdtemp(prefix="jax_cgtp_emulated_"))
+atexit.register(shutil.rmtree, _BUILD, ignore_errors=True)
+_FLAGS = ["-std=c++20", "-O1", "-w", "-fPIC", "-pthread"]
+_PARAMETER = re.compile(r"^\s*(const )?(T\*|I\*|long long) (?:__restrict__ )?(\w+)[,)]", re.M)
+
+
+_launches = [0]
+
+
+def available() -> bool:
+    return COMPILER is not None
+
+
+def launch_count() -> int:
+    """How many emulated kernel launches have run in this process."""
+    return _launches[0]
+
+
+def _call_arguments(source: str) -> str:
+    """The kernel's parameters bound to ``buffers[k]`` (pointers) and ``scalars[j]``, in order."""
+    head = source[source.index(f"{codegen.KERNEL_NAME}(") : source.index(") {", source.index(codegen.KERNEL_NAME))]
+    arguments, buffer, scalar = [], 0, 0
+    for const, kind, _ in _PARAMETER.findall(head + ")"):
+        if kind == "long long":
+            arguments.append(f"scalars[{scalar}]")
+            scalar += 1
+        else:
+            arguments.append(f"({const or ''}{kind})buffers[{buffer}]")
+            buffer += 1
+    return ", ".join(arguments)
+
+
+def _compile(command: list[str]) -> None:
+    done = subprocess.run([COMPILER, *_FLAGS, *command], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"host compilation for the kernel emulation failed:\n{done.stderr[-4000:]}")
+
+
+@functools.lru_cache(maxsize=None)
+def _header() -> pathlib.Path:
+    """The emulation header with its precompiled form beside it (it dominates compile time)."""
+    header = _BUILD / HEADER.name
+    shutil.copyfile(HEADER, header)
+    _compile(["-x", "c++-header", str(header), "-o", f"{header}.gch"])
+    return header
+
+
+@functools.lru_cache(maxsize=None)
+def _library(source: str) -> ctypes.CDLL:
+    """The kernel compiled for the host, with ``cgtp_emu_run(buffers, scalars, grid, block)``."""
+    wrapper = (
+        f"{source}\n"
+        'extern "C" void cgtp_emu_run(void** buffers, const long long* scalars, long long grid, int block) {\n'
+        f"  cgtp_emu_launch(grid, block, [&] {{ {codegen.KERNEL_NAME}({_call_arguments(source)}); }});\n"
+        "}\n"
+    )
+    name = hashlib.sha256(wrapper.encode()).hexdigest()[:20]
+    cpp, library = _BUILD / f"{name}.cpp", _BUILD / f"{name}.so"
+    if not library.exists():
+        cpp.write_text(wrapper)
+        _compile(["-shared", "-include", str(_header()), str(cpp), "-o", str(library)])
+    lib = ctypes.CDLL(str(library))
+    lib.cgtp_emu_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong),
+                                 ctypes.c_longlong, ctypes.c_int]
+    return lib
+
+
+def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
+    """:func:`jax_cgtp.cuda_lowering.run_kernel`, on the host."""
+    source = codegen.generate(kernel)
+    zero = [out.kind != BATCHED for out in kernel.outputs]
+
+    def host(*arrays):
+        inputs = [np.ascontiguousarray(a) for a in arrays]
+        outputs = [np.zeros(s.shape, s.dtype) if z else np.full(s.shape, np.nan, s.dtype) for s, z in zip(shapes, zero)]
+        pointers = [a.ctypes.data for a in inputs + outputs]
+        buffers = (ctypes.c_void_p * len(pointers))(*pointers)
+        values = np.ascontiguousarray(scalars, np.int64)
+        _launches[0] += 1
+        if grid > 0:
+            _library(source).cgtp_emu_run(buffers, values.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong)),
+                                          grid, kernel.block)
+        return outputs
+
+    return jax.pure_callback(host, shapes, *args)
+
+
+def _lowering(ctx, *args, call, backend):
+    if backend == "reference":
+        return primitives._reference_rule(ctx, *args, call=call, backend=backend)
+    return mlir.lower_fun(functools.partial(cuda_lowering.launch, call), multiple_results=True)(ctx, *args)
+
+
+@contextlib.contextmanager
+def emulated_kernels():
+    """Within the block, ``backend="auto"`` on the CPU runs the generated kernels, emulated."""
+    original = cuda_lowering.run_kernel
+    cuda_lowering.run_kernel = run_kernel
+    mlir.register_lowering(primitives.cgtp_p, _lowering, platform="cpu")
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        cuda_lowering.run_kernel = original
+        mlir.register_lowering(primitives.cgtp_p, primitives._reference_rule, platform="cpu")
+        jax.clear_caches()

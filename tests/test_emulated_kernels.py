@@ -1,0 +1,71 @@
+"""The generated CUDA kernels, run on the CPU by host emulation, against the reference.
+
+The GPU tests (``tests/test_gpu.py``) need a device; these run in CI. They execute the very
+kernel source, schedules, grids and partial-row sums that the GPU runs (see
+``kernel_emulator.py``), with NaN-poisoned outputs, so indexing, staging, warp reductions,
+flushes and the launch plan are checked on every change. They say nothing about speed.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from family_members import assert_close, conv_members, members, pair, random_graph
+from random_problems import random_inputs, random_problem
+
+import jax_cgtp
+from jax_cgtp.problem import MODES
+
+import kernel_emulator
+
+pytestmark = pytest.mark.skipif(not kernel_emulator.available(), reason="needs g++ (C++20) for host emulation")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def emulated():
+    with kernel_emulator.emulated_kernels():
+        yield
+
+
+def _launches():
+    return kernel_emulator.launch_count()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_every_member_matches_reference(seed):
+    spec = random_problem(800 + seed, mode=MODES[seed % 5], lmax=2)
+    kernels, reference = pair(spec, kernels="auto")
+    dtype = jnp.float32 if seed == 9 else jnp.float64
+    x, y, w = random_inputs(jax.random.PRNGKey(seed), spec, (7,), kernels.weight_numel, dtype, seed % 3 == 0)
+    g = jax.random.normal(jax.random.PRNGKey(seed + 1), (7, kernels.irreps_out.dim), dtype)
+    before = _launches()
+    actual = jax.jit(functools.partial(members, kernels))(x, y, w, g)
+    assert _launches() > before  # the kernels ran, not the reference
+    expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))
+    assert_close(actual, expected, dtype)
+
+
+@pytest.mark.parametrize("batch", [0, 1, 40])
+def test_batch_sizes_and_shared_weight_tiles(batch):
+    spec = random_problem(820, mode="uvw", lmax=1)
+    kernels, reference = pair(spec, kernels="auto")
+    args = random_inputs(jax.random.PRNGKey(batch), spec, (batch,), kernels.weight_numel, jnp.float64, True)
+
+    def both(tp, x, y, w):
+        return jax.value_and_grad(lambda *a: jnp.sum(tp(*a) ** 2), argnums=(0, 1, 2))(x, y, w)
+
+    assert_close(jax.jit(functools.partial(both, kernels))(*args), jax.jit(functools.partial(both, reference))(*args),
+                 jnp.float64)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("seed", range(2))
+def test_convolution_matches_reference(deterministic, seed):
+    spec = random_problem(830 + seed, mode=("uvu", "uvw")[seed], lmax=2)
+    kernels, reference = pair(spec, jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(seed), kernels, 9, 60, jnp.float64, bad_fraction=0.1, shared=seed == 1)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
+    assert _launches() > before
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)

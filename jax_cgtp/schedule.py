@@ -120,6 +120,41 @@ class KernelOutput:
 
 
 @dataclasses.dataclass(frozen=True)
+class JointPath:
+    """One ``uvu`` path of a joint backward; its ``y`` block has multiplicity one.
+
+    Offsets are into the rows of x, y and z; ``w_offset`` is None for an unweighted path.
+    """
+
+    ins_index: int
+    x_offset: int
+    x_dim: int
+    y_offset: int
+    y_dim: int
+    z_offset: int
+    z_dim: int
+    w_offset: int | None
+    nonzeros: tuple[tuple[int, int, int, float], ...]  # (i, j, k, pw * C[i, j, k])
+
+
+@dataclasses.dataclass(frozen=True)
+class JointBackward:
+    """The fused backward of ``uvu`` paths over one-channel ``y`` blocks, in one pass.
+
+    Per edge, per x block and 32-channel chunk (lanes over ``u``), every path of the block
+    loads its chunk of x, y, w and z̄ once and adds to x̄ (lanes), ȳ (per-lane partials, summed
+    over the warp at the end of the edge) and w̄ (lanes, stored at once). ``outputs`` and
+    ``arrays`` map roles to kernel outputs and call inputs; ``blocks`` are
+    ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)`` of the y blocks ȳ covers.
+    """
+
+    outputs: tuple[tuple[str, int], ...]
+    arrays: tuple[tuple[str, int], ...]
+    blocks: tuple[tuple[int, int, int, tuple[JointPath, ...]], ...]
+    y_blocks: tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelSchedule:
     """Everything the code generator needs for one launch."""
 
@@ -134,6 +169,7 @@ class KernelSchedule:
     stage_sizes: tuple[tuple[str, int], ...]  # shared-memory elements per warp for each role
     transpose_size: int  # shared-memory elements per warp for output transposition
     warps_per_block: int
+    joint: JointBackward | None = None  # replaces the slots when set
 
     @property
     def itemsize(self) -> int:
@@ -291,6 +327,56 @@ def _zero_ranges(problem: Problem, role: str, slots) -> tuple[tuple[int, int], .
     return tuple(ranges)
 
 
+def _joint_backward(call: Call, outputs) -> JointBackward | None:
+    """The joint plan of a launch whose outputs are backward cotangents of x, y, w (at least
+    two), each one term over the same inputs, when every path is ``uvu`` with a one-channel y
+    block (spherical harmonics); None otherwise (the slots run output by output)."""
+    roles = {o.role: k for k, o in enumerate(outputs)}
+    if call.deterministic or "z" in roles or len(roles) < 2 or len(roles) != len(outputs):
+        return None
+    allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,)}
+    if any(o.kind not in allowed[o.role] for o in outputs):
+        return None
+    arrays: dict[str, int] = {}
+    for out in outputs:
+        terms = call.outputs[out.call_output].terms
+        if len(terms) != 1 or (terms[0].weighted_only and out.role != "w"):  # w̄ has weighted paths only
+            return None
+        for role, array in zip(call.term_roles(out.role), terms[0].args):
+            if arrays.setdefault(role, array) != array:
+                return None
+    problem = call.problem
+    active = [(n, ins) for n, ins in enumerate(problem.instructions) if ins.is_active]
+    if not active or any(ins.mode != "uvu" or ins.mul_in2 != 1 for _, ins in active):
+        return None
+    if any(ins.has_weight for _, ins in active) and "w" not in arrays:
+        return None
+    blocks = []
+    for i1, mul_ir in enumerate(problem.irreps_in1):
+        paths = []
+        for n, ins in active:
+            if ins.i_in1 != i1:
+                continue
+            (xo, _, xd), (yo, _, yd), (zo, _, zd) = (problem.block(ins, r) for r in "xyz")
+            paths.append(JointPath(n, xo, xd, yo, yd, zo, zd, ins.weight_offset if ins.has_weight else None,
+                                   tuple(cg_nonzeros(problem, ins))))
+        if paths:
+            blocks.append((problem.irreps_in1[:i1].dim, mul_ir.mul, mul_ir.ir.dim, tuple(paths)))
+    y_blocks = sorted({(p.y_offset, p.y_dim) for _, _, _, paths in blocks for p in paths})
+    return JointBackward(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(blocks), tuple(y_blocks))
+
+
+def _joint_staging(joint: JointBackward) -> dict[str, int]:
+    """Shared-memory elements per warp for the x and z̄ chunks a joint backward stages."""
+    stage: dict[str, int] = {}
+    for _, _, _, paths in joint.blocks:
+        for p in paths:
+            for role, dim in (("x", p.x_dim), ("z", p.z_dim)):
+                if dim > 1:
+                    stage[role] = max(stage.get(role, 0), WARP * _stage_width(dim, 1))
+    return stage
+
+
 def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
     """Split the call's outputs into launches: ``[(output indices, segment role or None)]``."""
     if not call.deterministic:
@@ -345,6 +431,10 @@ def plan(call: Call, dtype: str, index_dtype: str) -> list[KernelSchedule]:
             (WARP * s.dim for s in slots if s.mode == "output" and s.role != "w" and s.dim > 1),
             default=0,
         )
+        joint = None if segment_role else _joint_backward(call, outputs)
+        if joint is not None:
+            stage = _joint_staging(joint)
+            transpose = max((WARP * dim for _, _, dim, _ in joint.blocks if dim > 1), default=0)
         schedules.append(KernelSchedule(
             call, dtype, index_dtype, tuple(outputs), tuple(slots),
             "segments" if segment_role else "tiles",
@@ -353,5 +443,6 @@ def plan(call: Call, dtype: str, index_dtype: str) -> list[KernelSchedule]:
             tuple((r, stage[r]) for r in OPERANDS if r in stage),
             transpose,
             WARPS_PER_BLOCK,
+            joint,
         ))
     return schedules

@@ -56,6 +56,19 @@ def test_gradient_of_narrow_spherical_harmonics_is_a_warp_reduction():
     assert modes == {("x", "output"), ("y", "reduce"), ("w", "output")}
 
 
+def test_fused_backward_of_spherical_harmonics_paths_is_one_joint_pass():
+    (kernel,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
+    assert dict(kernel.joint.outputs) == {"x": 0, "y": 1, "w": 2}
+    assert [len(paths) for _, _, _, paths in kernel.joint.blocks] == [3, 5, 5]  # the 13 paths, by x block
+    source = codegen.generate(kernel)
+    assert "joint backward" in source and "cgtp_stage<5, 5>(stage_x" in source
+    if nvrtc.available():
+        assert nvrtc.compile_cubin(source, "sm_90", "the joint backward")
+    uvw = jax_cgtp.fully_connected_tensor_product("4x0e+4x1o", "0e+1o", "4x0e+4x1o").problem
+    (kernel,) = schedule.plan(backward_call(uvw, (BATCHED,) * 4), "float", "int")
+    assert kernel.joint is None  # other modes run output by output
+
+
 def test_deterministic_convolution_reduces_each_node_in_one_warp():
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     call = backward_call(mace_problem(), kinds, rows=(10, None, None, 10), deterministic=True)

@@ -29,7 +29,7 @@ def emulated():
 
 
 def _launches():
-    return kernel_emulator.launch_count()
+    return len(kernel_emulator.launched())
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -68,4 +68,36 @@ def test_convolution_matches_reference(deterministic, seed):
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
     assert _launches() > before
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+
+
+def _spherical_harmonics_pair(cls=jax_cgtp.TensorProduct, **options):
+    """A MACE-like product (33 channels: two chunks), whose fused backward is one joint pass."""
+    args = ("5x0e+3x1o+33x2e", "0e+1o+2e")
+    tp = jax_cgtp.channelwise_tensor_product(*args, filter_ir_out="0e+1o+2e")
+    instructions = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions]
+    return tuple(cls(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, instructions, backend=backend, **options)
+                 for backend in ("auto", "reference"))
+
+
+def test_joint_backward_matches_reference():
+    kernels, reference = _spherical_harmonics_pair()
+    keys = jax.random.split(jax.random.PRNGKey(40), 4)
+    x = jax.random.normal(keys[0], (5, kernels.irreps_in1.dim))
+    y = jax.random.normal(keys[1], (5, kernels.irreps_in2.dim))
+    w = jax.random.normal(keys[2], (5, kernels.weight_numel))
+    g = jax.random.normal(keys[3], (5, kernels.irreps_out.dim))
+    before = _launches()
+    actual = jax.jit(functools.partial(members, kernels))(x, y, w, g)
+    assert any(k.joint is not None for k in kernel_emulator.launched()[before:])
+    assert_close(actual, jax.jit(functools.partial(members, reference))(x, y, w, g), jnp.float64)
+
+
+def test_joint_backward_of_the_convolution_matches_reference():
+    """x̄ by atomics into source nodes; the deterministic variant keeps its segment launches."""
+    kernels, reference = _spherical_harmonics_pair(jax_cgtp.TensorProductConv)
+    args = random_graph(jax.random.PRNGKey(41), kernels, 9, 50, jnp.float64, bad_fraction=0.1)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
+    assert any(k.joint is not None for k in kernel_emulator.launched()[before:])
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)

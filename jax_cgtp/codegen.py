@@ -451,16 +451,7 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
         if "y" in outs or "w" in outs:  # the x chunk, shared by the block's paths
-            staged = dim > 1 and "x" in dict(schedule.stage_sizes)
-            width = dim if dim % 2 else dim + 1
-            if staged:
-                w(f"if (ok) cgtp_stage<{dim}, {width}>(stage_x, p_x + {x_offset} + c * {WARP * dim}LL, "
-                  f"nrows * {dim}, lane);")
-                w("__syncwarp();")
-            for q in range(dim):
-                element = f"stage_x[lane * {width} + {q}]" if staged else f"p_x[{x_offset} + lc * {dim} + {q}]"
-                w(f"const T x_{q} = live ? {element} : T(0);")
-            if staged:
+            if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim)):
                 w("__syncwarp();")
         for path in paths:
             _emit_joint_path(w, schedule, path)
@@ -482,7 +473,6 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath) -> N
     joint = schedule.joint
     problem = schedule.call.problem
     outs = dict(joint.outputs)
-    staged = dict(schedule.stage_sizes)
     ins = problem.instructions[path.ins_index]
     names = (problem.irreps_in1[ins.i_in1], problem.irreps_in2[ins.i_in2], problem.irreps_out[ins.i_out])
     w(f"// path {path.ins_index}: {names[0]} (x) {names[1]} -> {names[2]}, mode uvu, "
@@ -495,16 +485,7 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath) -> N
     if path.w_offset is not None:
         w(f"const T wt = live ? p_w[{path.w_offset} + lc] : T(0);")
         weight = " * wt"
-    dim = path.z_dim
-    staged = dim > 1 and "z" in dict(schedule.stage_sizes)
-    width = dim if dim % 2 else dim + 1
-    if staged:
-        w(f"if (ok) cgtp_stage<{dim}, {width}>(stage_z, p_z + {path.z_offset} + c * {WARP * dim}LL, "
-          f"nrows * {dim}, lane);")
-        w("__syncwarp();")
-    for q in used[2]:
-        element = f"stage_z[lane * {width} + {q}]" if staged else f"p_z[{path.z_offset} + lc * {dim} + {q}]"
-        w(f"const T z_{q} = live ? {element} : T(0);")
+    staged = _emit_joint_chunk(w, schedule, "z", path.z_offset, path.z_dim, used[2])
     dtype = schedule.dtype
     if "x" in outs:
         by_i: dict[int, list[str]] = {}
@@ -526,6 +507,21 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath) -> N
     if staged:
         w("__syncwarp();")
     w.close()
+
+
+def _emit_joint_chunk(w: _Writer, schedule: KernelSchedule, role: str, offset: int, dim: int, comps) -> bool:
+    """Registers ``{role}_q`` (q in ``comps``) of this lane's channel in the block at ``offset``,
+    read through the warp's staging buffer when rows are wider than one; True if staged."""
+    staged = dim > 1 and role in dict(schedule.stage_sizes)
+    width = dim if dim % 2 else dim + 1
+    if staged:
+        w(f"if (ok) cgtp_stage<{dim}, {width}>(stage_{role}, p_{role} + {offset} + c * {WARP * dim}LL, "
+          f"nrows * {dim}, lane);")
+        w("__syncwarp();")
+    for q in comps:
+        element = f"stage_{role}[lane * {width} + {q}]" if staged else f"p_{role}[{offset} + lc * {dim} + {q}]"
+        w(f"const T {role}_{q} = live ? {element} : T(0);")
+    return staged
 
 
 def _emit_joint_x_flush(w: _Writer, schedule: KernelSchedule, x_offset: int, dim: int) -> None:

@@ -395,8 +395,27 @@ def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
     return result
 
 
-def plan(call: Call, dtype: str, index_dtype: str) -> list[KernelSchedule]:
-    """The launches of ``call`` for ``dtype`` ("float"/"double") and index type ("int"/"long long")."""
+def shared_tile_for(edges: int) -> int:
+    """Edges per tile of a launch with a SHARED output, for ``edges`` edges (a power of two).
+
+    Such an output keeps one partial row per warp, and at most ``MAX_PARTIAL_BLOCKS`` blocks
+    run. A 32-edge tile would leave most of those warps idle when the edges are few (the
+    weight gradient of a node-level product over a small batch), so the tile shrinks until
+    the edges fill them.
+
+    >>> shared_tile_for(864), shared_tile_for(5000), shared_tile_for(10**6)
+    (1, 8, 32)
+    """
+    warps = MAX_PARTIAL_BLOCKS * WARPS_PER_BLOCK
+    tile = 1
+    while tile < TILE_INDEXED and tile * warps < edges:
+        tile *= 2
+    return tile
+
+
+def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEXED) -> list[KernelSchedule]:
+    """The launches of ``call`` for ``dtype`` ("float"/"double") and index type ("int"/"long long");
+    a launch with a SHARED output uses tiles of ``shared_tile`` edges (see :func:`shared_tile_for`)."""
     itemsize = 8 if dtype == "double" else 4
     schedules = []
     for output_indices, segment_role in kernel_groups(call):
@@ -419,7 +438,12 @@ def plan(call: Call, dtype: str, index_dtype: str) -> list[KernelSchedule]:
             zero = _zero_ranges(call.problem, output.role, planned) if kind == BATCHED else ()
             outputs.append(KernelOutput(call_index, output.role, kind, call.problem.operand_dim(output.role),
                                         flush, zero))
-        accumulates = any(o.kind != BATCHED for o in outputs)
+        if segment_role:
+            tile = TILE_INDEXED
+        elif any(o.kind == SHARED for o in outputs):
+            tile = shared_tile
+        else:
+            tile = TILE_INDEXED if any(o.kind != BATCHED for o in outputs) else 1
         stage = {}
         for slot in slots:
             for c in slot.contributions:
@@ -438,7 +462,7 @@ def plan(call: Call, dtype: str, index_dtype: str) -> list[KernelSchedule]:
         schedules.append(KernelSchedule(
             call, dtype, index_dtype, tuple(outputs), tuple(slots),
             "segments" if segment_role else "tiles",
-            TILE_INDEXED if (segment_role or accumulates) else 1,
+            tile,
             segment_role,
             tuple((r, stage[r]) for r in OPERANDS if r in stage),
             transpose,

@@ -85,6 +85,16 @@ def test_shared_weight_gradient_is_a_per_warp_partial():
     assert kernel.has_partials and kernel.grid(10**7, 0) == schedule.MAX_PARTIAL_BLOCKS
 
 
+def test_shared_weight_gradient_of_few_edges_uses_small_tiles_to_fill_the_warps():
+    call = backward_call(mace_problem(), (BATCHED, BATCHED, SHARED, BATCHED))
+    (few,) = schedule.plan(call, "float", "int", schedule.shared_tile_for(864))
+    assert few.tile == 1 and few.grid(864, 0) == 216  # 864 warps, one partial row each
+    (many,) = schedule.plan(call, "float", "int", schedule.shared_tile_for(10**6))
+    assert many.tile == schedule.TILE_INDEXED and many.grid(10**6, 0) == schedule.MAX_PARTIAL_BLOCKS
+    (batched,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int", 1)
+    assert batched.tile == 1
+
+
 def test_generated_source_names_paths_and_irreps():
     (kernel,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "double", "int")
     source = codegen.generate(kernel)

@@ -46,7 +46,7 @@ def test_every_member_matches_reference(seed):
     assert_close(actual, expected, dtype)
 
 
-@pytest.mark.parametrize("batch", [0, 1, 40])
+@pytest.mark.parametrize("batch", [0, 1, 40, 1500])
 def test_batch_sizes_and_shared_weight_tiles(batch):
     spec = random_problem(820, mode="uvw", lmax=1)
     kernels, reference = pair(spec, kernels="auto")

@@ -117,6 +117,20 @@ def test_batch_sizes(batch):
         assert_close(actual, expected, jnp.float32)
 
 
+@pytest.mark.parametrize("batch", [700, 1500, 3000, 5000, 12_000, 40_000])
+def test_shared_weight_gradient_for_every_tile_size(batch):
+    """Shared weights: the weight gradient's tile shrinks with the batch (1 to 32 edges)."""
+    spec = random_problem(611, mode="uvw", lmax=2)
+    cuda, reference = pair(spec)
+    args = random_inputs(jax.random.PRNGKey(8), spec, (batch,), cuda.weight_numel, jnp.float64, True)
+
+    def both(tp, x, y, w):
+        return jax.value_and_grad(lambda *a: jnp.sum(tp(*a) ** 2), argnums=(0, 1, 2))(x, y, w)
+
+    assert_close(jax.jit(functools.partial(both, cuda))(*args), jax.jit(functools.partial(both, reference))(*args),
+                 jnp.float64)
+
+
 # ---- graph convolution
 
 

@@ -424,13 +424,14 @@ def _emit_products(w, schedule, slot: Slot, c: Contribution, suffix: str, m: int
 
 
 def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
-    """The joint backward (:class:`~jax_cgtp.schedule.JointBackward`): one pass over each edge."""
+    """A joint pass (:class:`~jax_cgtp.schedule.JointPass`): each edge's paths, block by block."""
     joint = schedule.joint
     problem = schedule.call.problem
     outs = dict(joint.outputs)
     w()
-    w("// ---- joint backward: " + ", ".join(f"out{k} ({r} cotangent)" for r, k in joint.outputs)
-      + "; each path's chunk of x, y, w, z is loaded once")
+    kind = "forward" if "z" in outs else "backward"
+    w(f"// ---- joint {kind}: " + ", ".join(f"out{k} ({r})" for r, k in joint.outputs)
+      + "; each path's operand chunks are loaded once")
     w("#pragma unroll 1")
     w.open("for (int t = 0; t < count; ++t)")
     _emit_edge_header(w, schedule)
@@ -450,13 +451,13 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
         w(f"const int nrows = {mul} - c * 32 < 32 ? {mul} - c * 32 : 32;")
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
-        if "y" in outs or "w" in outs:  # the x chunk, shared by the block's paths
+        if outs.keys() & {"y", "w", "z"}:  # the x chunk, shared by the block's paths
             if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim)):
                 w("__syncwarp();")
         for path in paths:
             _emit_joint_path(w, schedule, path)
         if "x" in outs:
-            _emit_joint_x_flush(w, schedule, x_offset, dim)
+            _emit_joint_flush(w, schedule, "x", x_offset, dim)
         w.close()
     if "y" in outs:
         out = schedule.outputs[outs["y"]]
@@ -485,8 +486,18 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath) -> N
     if path.w_offset is not None:
         w(f"const T wt = live ? p_w[{path.w_offset} + lc] : T(0);")
         weight = " * wt"
-    staged = _emit_joint_chunk(w, schedule, "z", path.z_offset, path.z_dim, used[2])
     dtype = schedule.dtype
+    if "z" in outs:
+        by_k: dict[int, list[str]] = {}
+        for i, j, k, v in path.nonzeros:
+            by_k.setdefault(k, []).append(f"{_literal(v, dtype)} * x_{i} * y_{j}")
+        w(f"T {', '.join(f'gz_{k} = T(0)' for k in range(path.z_dim))};")
+        for k, terms in sorted(by_k.items()):
+            w(f"gz_{k} += ({' + '.join(terms)}){weight};")
+        _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim)
+        w.close()
+        return
+    staged = _emit_joint_chunk(w, schedule, "z", path.z_offset, path.z_dim, used[2])
     if "x" in outs:
         by_i: dict[int, list[str]] = {}
         for i, j, k, v in path.nonzeros:
@@ -524,25 +535,25 @@ def _emit_joint_chunk(w: _Writer, schedule: KernelSchedule, role: str, offset: i
     return staged
 
 
-def _emit_joint_x_flush(w: _Writer, schedule: KernelSchedule, x_offset: int, dim: int) -> None:
-    """Write (BATCHED) or atomically add (INDEXED) this chunk's x cotangent."""
-    k = dict(schedule.joint.outputs)["x"]
+def _emit_joint_flush(w: _Writer, schedule: KernelSchedule, role: str, offset: int, dim: int) -> None:
+    """Write (BATCHED) or atomically add (INDEXED) this chunk's ``g{role}_q`` to the block at ``offset``."""
+    k = dict(schedule.joint.outputs)[role]
     out = schedule.outputs[k]
-    row = "e" if out.kind == BATCHED else "ix_x"
+    row = "e" if out.kind == BATCHED else f"ix_{role}"
     guard = "" if out.kind == BATCHED else "ok && "
     op = f"cgtp_{out.flush}"
-    w(f"T* const dst_x = out{k} + {row} * {out.dim}LL + {x_offset};")
+    w(f"T* const dst_{role} = out{k} + {row} * {out.dim}LL + {offset};")
     if dim == 1:
-        w(f"if ({guard}active) {op}(dst_x + lc, gx_0);")
+        w(f"if ({guard}active) {op}(dst_{role} + lc, g{role}_0);")
         return
     w.open("if (active)")
     for q in range(dim):
-        w(f"obuf[lane * {dim} + {q}] = gx_{q};")
+        w(f"obuf[lane * {dim} + {q}] = g{role}_{q};")
     w.close()
     w("__syncwarp();")
     w("#pragma unroll")
     w.open(f"for (int r = 0; r < {dim}; ++r)")
     w("const int q = r * 32 + lane;")
-    w(f"if ({guard}q < nrows * {dim}) {op}(dst_x + c * {WARP * dim} + q, obuf[q]);")
+    w(f"if ({guard}q < nrows * {dim}) {op}(dst_{role} + c * {WARP * dim} + q, obuf[q]);")
     w.close()
     w("__syncwarp();")

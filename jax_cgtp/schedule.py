@@ -138,13 +138,14 @@ class JointPath:
 
 
 @dataclasses.dataclass(frozen=True)
-class JointBackward:
-    """The fused backward of ``uvu`` paths over one-channel ``y`` blocks, in one pass.
+class JointPass:
+    """A launch of ``uvu`` paths over one-channel ``y`` blocks, done path by path in one pass.
 
     Per edge, per x block and 32-channel chunk (lanes over ``u``), every path of the block
-    loads its chunk of x, y, w and z̄ once and adds to x̄ (lanes), ȳ (per-lane partials, summed
-    over the warp at the end of the edge) and w̄ (lanes, stored at once). ``outputs`` and
-    ``arrays`` map roles to kernel outputs and call inputs; ``blocks`` are
+    loads its operand chunks once. The forward (output ``z``, one path per z block) writes the
+    path's z chunk at once. The fused backward adds to x̄ (lanes), ȳ (per-lane partials,
+    summed over the warp at the end of the edge) and w̄ (lanes, written at once). ``outputs``
+    and ``arrays`` map roles to kernel outputs and call inputs; ``blocks`` are
     ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)`` of the y blocks ȳ covers.
     """
 
@@ -169,7 +170,7 @@ class KernelSchedule:
     stage_sizes: tuple[tuple[str, int], ...]  # shared-memory elements per warp for each role
     transpose_size: int  # shared-memory elements per warp for output transposition
     warps_per_block: int
-    joint: JointBackward | None = None  # replaces the slots when set
+    joint: JointPass | None = None  # replaces the slots when set
 
     @property
     def itemsize(self) -> int:
@@ -327,14 +328,20 @@ def _zero_ranges(problem: Problem, role: str, slots) -> tuple[tuple[int, int], .
     return tuple(ranges)
 
 
-def _joint_backward(call: Call, outputs) -> JointBackward | None:
-    """The joint plan of a launch whose outputs are backward cotangents of x, y, w (at least
-    two), each one term over the same inputs, when every path is ``uvu`` with a one-channel y
-    block (spherical harmonics); None otherwise (the slots run output by output)."""
+def _joint_pass(call: Call, outputs) -> JointPass | None:
+    """The joint plan of a launch, or None (its slots then run output by output).
+
+    It applies when every path is ``uvu`` with a one-channel y block (spherical harmonics),
+    every output has one term over the same inputs, and the launch is the forward (z BATCHED,
+    one path per z block) or a backward producing at least two of x̄, ȳ, w̄.
+    """
     roles = {o.role: k for k, o in enumerate(outputs)}
-    if call.deterministic or "z" in roles or len(roles) < 2 or len(roles) != len(outputs):
+    if call.deterministic or len(roles) != len(outputs):
         return None
-    allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,)}
+    forward = set(roles) == {"z"}
+    if not forward and ("z" in roles or len(roles) < 2):
+        return None
+    allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,), "z": (BATCHED,)}
     if any(o.kind not in allowed[o.role] for o in outputs):
         return None
     arrays: dict[str, int] = {}
@@ -351,6 +358,8 @@ def _joint_backward(call: Call, outputs) -> JointBackward | None:
         return None
     if any(ins.has_weight for _, ins in active) and "w" not in arrays:
         return None
+    if forward and len({ins.i_out for _, ins in active}) != len(active):
+        return None
     blocks = []
     for i1, mul_ir in enumerate(problem.irreps_in1):
         paths = []
@@ -363,18 +372,24 @@ def _joint_backward(call: Call, outputs) -> JointBackward | None:
         if paths:
             blocks.append((problem.irreps_in1[:i1].dim, mul_ir.mul, mul_ir.ir.dim, tuple(paths)))
     y_blocks = sorted({(p.y_offset, p.y_dim) for _, _, _, paths in blocks for p in paths})
-    return JointBackward(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(blocks), tuple(y_blocks))
+    return JointPass(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(blocks), tuple(y_blocks))
 
 
-def _joint_staging(joint: JointBackward) -> dict[str, int]:
-    """Shared-memory elements per warp for the x and z̄ chunks a joint backward stages."""
+def _joint_buffers(joint: JointPass) -> tuple[dict[str, int], int]:
+    """Shared-memory elements per warp of a joint pass: the staged x (and, backward, z̄) chunks,
+    and the transposition buffer of the outputs written by lanes (x̄ or z)."""
+    backward = "z" not in dict(joint.outputs)
     stage: dict[str, int] = {}
-    for _, _, _, paths in joint.blocks:
+    transpose = 0
+    for _, _, x_dim, paths in joint.blocks:
         for p in paths:
             for role, dim in (("x", p.x_dim), ("z", p.z_dim)):
-                if dim > 1:
+                if dim > 1 and (role == "x" or backward):
                     stage[role] = max(stage.get(role, 0), WARP * _stage_width(dim, 1))
-    return stage
+            out_dim = x_dim if backward else p.z_dim
+            if out_dim > 1:
+                transpose = max(transpose, WARP * out_dim)
+    return stage, transpose
 
 
 def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
@@ -455,10 +470,9 @@ def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEX
             (WARP * s.dim for s in slots if s.mode == "output" and s.role != "w" and s.dim > 1),
             default=0,
         )
-        joint = None if segment_role else _joint_backward(call, outputs)
+        joint = None if segment_role else _joint_pass(call, outputs)
         if joint is not None:
-            stage = _joint_staging(joint)
-            transpose = max((WARP * dim for _, _, dim, _ in joint.blocks if dim > 1), default=0)
+            stage, transpose = _joint_buffers(joint)
         schedules.append(KernelSchedule(
             call, dtype, index_dtype, tuple(outputs), tuple(slots),
             "segments" if segment_role else "tiles",

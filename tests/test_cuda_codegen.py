@@ -56,6 +56,12 @@ def test_gradient_of_narrow_spherical_harmonics_is_a_warp_reduction():
     assert modes == {("x", "output"), ("y", "reduce"), ("w", "output")}
 
 
+def test_forward_of_spherical_harmonics_paths_is_one_joint_pass():
+    (kernel,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
+    assert dict(kernel.joint.outputs) == {"z": 0} and dict(kernel.stage_sizes).keys() == {"x"}
+    assert "joint forward" in codegen.generate(kernel)
+
+
 def test_fused_backward_of_spherical_harmonics_paths_is_one_joint_pass():
     (kernel,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
     assert dict(kernel.joint.outputs) == {"x": 0, "y": 1, "w": 2}

@@ -80,7 +80,7 @@ def _spherical_harmonics_pair(cls=jax_cgtp.TensorProduct, **options):
                  for backend in ("auto", "reference"))
 
 
-def test_joint_backward_matches_reference():
+def test_joint_forward_and_backward_match_reference():
     kernels, reference = _spherical_harmonics_pair()
     keys = jax.random.split(jax.random.PRNGKey(40), 4)
     x = jax.random.normal(keys[0], (5, kernels.irreps_in1.dim))
@@ -89,7 +89,8 @@ def test_joint_backward_matches_reference():
     g = jax.random.normal(keys[3], (5, kernels.irreps_out.dim))
     before = _launches()
     actual = jax.jit(functools.partial(members, kernels))(x, y, w, g)
-    assert any(k.joint is not None for k in kernel_emulator.launched()[before:])
+    joint = [dict(k.joint.outputs) for k in kernel_emulator.launched()[before:] if k.joint is not None]
+    assert {"z": 0} in joint and {"x": 0, "y": 1, "w": 2} in joint
     assert_close(actual, jax.jit(functools.partial(members, reference))(x, y, w, g), jnp.float64)
 
 

@@ -32,11 +32,12 @@ def _launches():
     return len(kernel_emulator.launched())
 
 
-@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("seed", range(6))
 def test_every_member_matches_reference(seed):
+    """Every mode in float64 (seeds 0 and 3 with shared weights), and one float32 problem."""
     spec = random_problem(800 + seed, mode=MODES[seed % 5], lmax=2)
     kernels, reference = pair(spec, kernels="auto")
-    dtype = jnp.float32 if seed == 9 else jnp.float64
+    dtype = jnp.float32 if seed == 5 else jnp.float64
     x, y, w = random_inputs(jax.random.PRNGKey(seed), spec, (7,), kernels.weight_numel, dtype, seed % 3 == 0)
     g = jax.random.normal(jax.random.PRNGKey(seed + 1), (7, kernels.irreps_out.dim), dtype)
     before = _launches()

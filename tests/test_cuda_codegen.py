@@ -106,7 +106,10 @@ def test_generated_source_names_paths_and_irreps():
     source = codegen.generate(kernel)
     assert "typedef double T;" in source
     assert "// path 4: 128x1o (x) 1x1o -> 128x0e, mode uvu, weighted, 3 CG nonzeros" in source
-    assert "// ---- out0: z block 3 (128x1o)" in source
+    assert "// x block at 128: 128 channels of dimension 3, paths" in source  # a joint pass
+    uvw = jax_cgtp.fully_connected_tensor_product("4x0e+4x1o", "0e+1o", "4x0e+4x1o").problem
+    (kernel,) = schedule.plan(forward_call(uvw, (BATCHED,) * 4), "double", "int")
+    assert "// ---- out0: z block 1 (4x1o)" in codegen.generate(kernel)  # slot by slot
 
 
 def test_uncovered_output_blocks_are_written_with_zeros():

@@ -11,7 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-from family_members import assert_close, conv_members, members, pair, random_graph
+from family_members import assert_close, conv_members, members, pair, random_graph, spherical_harmonics_pair
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -72,17 +72,8 @@ def test_convolution_matches_reference(deterministic, seed):
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
-def _spherical_harmonics_pair(cls=jax_cgtp.TensorProduct, **options):
-    """A MACE-like product (33 channels: two chunks), whose fused backward is one joint pass."""
-    args = ("5x0e+3x1o+33x2e", "0e+1o+2e")
-    tp = jax_cgtp.channelwise_tensor_product(*args, filter_ir_out="0e+1o+2e")
-    instructions = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions]
-    return tuple(cls(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, instructions, backend=backend, **options)
-                 for backend in ("auto", "reference"))
-
-
 def test_joint_forward_and_backward_match_reference():
-    kernels, reference = _spherical_harmonics_pair()
+    kernels, reference = spherical_harmonics_pair(kernels="auto")
     keys = jax.random.split(jax.random.PRNGKey(40), 4)
     x = jax.random.normal(keys[0], (5, kernels.irreps_in1.dim))
     y = jax.random.normal(keys[1], (5, kernels.irreps_in2.dim))
@@ -97,7 +88,7 @@ def test_joint_forward_and_backward_match_reference():
 
 def test_joint_backward_of_the_convolution_matches_reference():
     """x̄ by atomics into source nodes; the deterministic variant keeps its segment launches."""
-    kernels, reference = _spherical_harmonics_pair(jax_cgtp.TensorProductConv)
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
     args = random_graph(jax.random.PRNGKey(41), kernels, 9, 50, jnp.float64, bad_fraction=0.1)
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)

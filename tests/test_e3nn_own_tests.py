@@ -71,11 +71,15 @@ def test_modes(irrep_normalization, connection_mode):
             assert jnp.allclose(a, expected, rtol=1e-4, atol=1e-6), jnp.max(jnp.abs(a - expected))
 
 
-def _assert_fused_and_unfused_match_e3nn(args, seed):
-    """Both of e3nn's einsum strategies (``fused``) give e3nn's unfused result, list weights."""
+def _assert_fused_and_unfused_match_e3nn(args, seed, flat_weights=None):
+    """Both of e3nn's einsum strategies (``fused``) give e3nn's unfused result; weights are a
+    list of path arrays, or ``flat_weights(draws)``."""
     tp = FunctionalTensorProduct(*args)
     draws = Draws(seed)
-    w = [draws.array(ins.path_shape) for ins in tp.instructions]
+    if flat_weights is None:
+        w = [draws.array(ins.path_shape) for ins in tp.instructions]
+    else:
+        w = flat_weights(draws)
     x, y = draws.irreps(tp.irreps_in1), draws.irreps(tp.irreps_in2)
     expected = e3nn_twin(args).left_right(w, x, y, fused=False).array
     for fused in (True, False):
@@ -99,24 +103,12 @@ def test_fused():
 
 def test_fused_no_weight():
     args = ("10x0e", "10x0e", "10x0e", [(0, 0, 0, "uuu", False)])
-    tp = FunctionalTensorProduct(*args)
-    draws = Draws(4)
-    w = jnp.ones(0)
-    x, y = draws.irreps(tp.irreps_in1), draws.irreps(tp.irreps_in2)
-    expected = e3nn_twin(args).left_right(w, x, y, fused=False).array
-    for fused in (True, False):
-        assert jnp.allclose(tp.left_right(w, x, y, fused=fused).array, expected, rtol=1e-4, atol=1e-6)
+    _assert_fused_and_unfused_match_e3nn(args, seed=4, flat_weights=lambda draws: jnp.ones(0))
 
 
 def test_fused_mix_weight():
     args = ("5x0e", "5x0e", "5x0e", [(0, 0, 0, "uuu", False), (0, 0, 0, "uvw", True)])
-    tp = FunctionalTensorProduct(*args)
-    draws = Draws(5)
-    w = draws.array((5**3,))
-    x, y = draws.irreps(tp.irreps_in1), draws.irreps(tp.irreps_in2)
-    expected = e3nn_twin(args).left_right(w, x, y, fused=False).array
-    for fused in (True, False):
-        assert jnp.allclose(tp.left_right(w, x, y, fused=fused).array, expected, rtol=1e-4, atol=1e-6)
+    _assert_fused_and_unfused_match_e3nn(args, seed=5, flat_weights=lambda draws: draws.array((5**3,)))
 
 
 def test_fuse():

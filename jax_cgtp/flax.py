@@ -27,6 +27,7 @@ from e3nn_jax import legacy
 from . import e3nn as dropin
 from .backend import BACKENDS
 from .conv import TensorProductConv as _Conv
+from .graph import SortedGraph
 from .tensor_product import channelwise_tensor_product
 
 MODULE_BACKENDS = BACKENDS + ("e3nn",)
@@ -127,7 +128,9 @@ class TensorProductConv(nn.Module):
 
     Call with node features ``x`` (IrrepsArray ``(N, ...)``), edge attributes ``sh``
     (IrrepsArray ``(E, ...)``, e.g. spherical harmonics), the radial embedding ``(E, B)``,
-    int ``src``/``dst`` ``(E,)`` and optionally the static ``num_nodes`` (default ``N``).
+    int ``src``/``dst`` ``(E,)`` and optionally the static ``num_nodes`` (default ``N``); or,
+    instead of ``src, dst, num_nodes``, ``graph=jax_cgtp.sort_graph(src, dst, num_nodes)``,
+    built once per graph, so that a ``deterministic=True`` module does not sort every step.
 
     >>> import jax, jax.numpy as jnp, e3nn_jax as e3nn
     >>> conv = TensorProductConv(filter_ir_out="0e+1o", radial_hidden=(8,))
@@ -147,8 +150,17 @@ class TensorProductConv(nn.Module):
     deterministic: bool = False
 
     @nn.compact
-    def __call__(self, x, sh, embedding, src, dst, num_nodes: Optional[int] = None) -> e3nn.IrrepsArray:
+    def __call__(self, x, sh, embedding, src=None, dst=None, num_nodes: Optional[int] = None, *,
+                 graph: Optional[SortedGraph] = None) -> e3nn.IrrepsArray:
         backend = _check_backend(self.backend)
+        if graph is not None:
+            if not isinstance(graph, SortedGraph):
+                raise TypeError(f"graph: expected a jax_cgtp.SortedGraph from sort_graph(), got {type(graph).__name__}")
+            if src is not None or dst is not None or num_nodes is not None:
+                raise ValueError("src, dst, num_nodes: pass either them or graph=, not both")
+            src, dst, num_nodes = graph.src, graph.dst, graph.num_nodes
+        elif src is None or dst is None:
+            raise ValueError("src, dst: both are needed (or graph=)")
         x = _irreps_array("x", x, None)
         sh = _irreps_array("sh", sh, None)
         if x.ndim != 2 or sh.ndim != 2 or jnp.ndim(embedding) != 2 or jnp.shape(embedding)[0] != sh.shape[0]:
@@ -177,7 +189,8 @@ class TensorProductConv(nn.Module):
                 backend=backend, deterministic=self.deterministic,
             )
             dtype = jnp.result_type(x.array, sh.array, weights)
-            out = conv(x.array.astype(dtype), sh.array.astype(dtype), weights.astype(dtype), src, dst, num_nodes)
+            operands = (x.array.astype(dtype), sh.array.astype(dtype), weights.astype(dtype))
+            out = conv(*operands, graph=graph) if graph is not None else conv(*operands, src, dst, num_nodes)
         return e3nn.IrrepsArray(tp.irreps_out, out / self.avg_num_neighbors)
 
 

@@ -102,6 +102,22 @@ def test_conv_equals_gather_product_scatter_with_e3nn_and_drops_padding():
     assert close(jax.jit(on_e3nn.apply)(params, x, sh, embedding, src, dst).array, out.array, 1e-12)
 
 
+def test_deterministic_conv_takes_a_graph_sorted_once():
+    src, dst, sh, embedding = graph()
+    x = normal("4x0e + 2x1o", 8, (5,))
+    conv = cgflax.TensorProductConv(filter_ir_out="0e + 1o", radial_hidden=(8,), deterministic=True)
+    params = conv.init(jax.random.PRNGKey(1), x, sh, embedding, src, dst)
+    sorted_graph = jax_cgtp.sort_graph(src, dst, 5)
+    expected = conv.apply(params, x, sh, embedding, src, dst).array
+    assert close(jax.jit(conv.apply)(params, x, sh, embedding, graph=sorted_graph).array, expected)
+    with pytest.raises(ValueError, match="either them or graph="):
+        conv.apply(params, x, sh, embedding, src, dst, graph=sorted_graph)
+    with pytest.raises(TypeError, match="graph: expected a jax_cgtp.SortedGraph"):
+        conv.apply(params, x, sh, embedding, graph=(src, dst))
+    with pytest.raises(ValueError, match="src, dst: both are needed"):
+        conv.apply(params, x, sh, embedding, src)
+
+
 def test_conv_uses_a_user_radial_network_and_checks_its_output():
     src, dst, sh, embedding = graph()
     x = normal("3x0e + 1o", 7, (5,))

@@ -7,7 +7,7 @@ import numpy as np
 
 from . import primitives
 from .call import forward_call
-from .graph import SortedGraph, sort_graph
+from .graph import SortedGraph, graph_endpoints, sort_graph
 from .operands import BATCHED, INDEXED, SHARED
 from .tensor_product import TensorProduct, check_float_operands, check_trailing_dim
 
@@ -63,13 +63,8 @@ class TensorProductConv(TensorProduct):
         built once per graph: with ``deterministic=True`` it saves sorting the edges on every call.
         """
         problem = self.problem
-        if graph is not None:
-            if not isinstance(graph, SortedGraph):
-                raise TypeError(f"graph: expected a jax_cgtp.SortedGraph from sort_graph(), got {type(graph).__name__}")
-            if src is not None or dst is not None or num_nodes is not None:
-                raise ValueError("src, dst, num_nodes: pass either them or graph=, not both")
-            src, dst, num_nodes = graph.src, graph.dst, graph.num_nodes
-        elif src is None or dst is None or num_nodes is None:
+        src, dst, num_nodes = graph_endpoints(graph, src, dst, num_nodes)
+        if src is None or dst is None or num_nodes is None:
             raise ValueError("src, dst, num_nodes: all three are needed (or graph=)")
         num_nodes = _check_num_nodes(num_nodes)
         dtype = check_float_operands(x_nodes=x_nodes, y_edges=y_edges, w=w)

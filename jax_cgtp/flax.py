@@ -27,7 +27,7 @@ from e3nn_jax import legacy
 from . import e3nn as dropin
 from .backend import BACKENDS
 from .conv import TensorProductConv as _Conv
-from .graph import SortedGraph
+from .graph import SortedGraph, graph_endpoints
 from .tensor_product import channelwise_tensor_product
 
 MODULE_BACKENDS = BACKENDS + ("e3nn",)
@@ -153,13 +153,8 @@ class TensorProductConv(nn.Module):
     def __call__(self, x, sh, embedding, src=None, dst=None, num_nodes: Optional[int] = None, *,
                  graph: Optional[SortedGraph] = None) -> e3nn.IrrepsArray:
         backend = _check_backend(self.backend)
-        if graph is not None:
-            if not isinstance(graph, SortedGraph):
-                raise TypeError(f"graph: expected a jax_cgtp.SortedGraph from sort_graph(), got {type(graph).__name__}")
-            if src is not None or dst is not None or num_nodes is not None:
-                raise ValueError("src, dst, num_nodes: pass either them or graph=, not both")
-            src, dst, num_nodes = graph.src, graph.dst, graph.num_nodes
-        elif src is None or dst is None:
+        src, dst, num_nodes = graph_endpoints(graph, src, dst, num_nodes)
+        if src is None or dst is None:
             raise ValueError("src, dst: both are needed (or graph=)")
         x = _irreps_array("x", x, None)
         sh = _irreps_array("sh", sh, None)

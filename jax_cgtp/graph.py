@@ -48,6 +48,18 @@ class SortedGraph:
     num_src_nodes: int = dataclasses.field(metadata=dict(static=True))
 
 
+def graph_endpoints(graph, src, dst, num_nodes):
+    """``(src, dst, num_nodes)`` of a convolution call: ``graph``'s when one is given (then the
+    others must be left out), else the arguments as they are."""
+    if graph is None:
+        return src, dst, num_nodes
+    if not isinstance(graph, SortedGraph):
+        raise TypeError(f"graph: expected a jax_cgtp.SortedGraph from sort_graph(), got {type(graph).__name__}")
+    if src is not None or dst is not None or num_nodes is not None:
+        raise ValueError("src, dst, num_nodes: pass either them or graph=, not both")
+    return graph.src, graph.dst, graph.num_nodes
+
+
 def sort_graph(src, dst, num_nodes: int, num_src_nodes: int | None = None) -> SortedGraph:
     """Sort a graph's edges once, for :class:`jax_cgtp.TensorProductConv` with ``deterministic=True``.
 

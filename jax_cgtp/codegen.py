@@ -18,7 +18,7 @@ import functools
 import pathlib
 
 from .operands import BATCHED, INDEXED, SHARED
-from .schedule import WARP, Contribution, Factor, KernelSchedule, Slot
+from .schedule import WARP, Contribution, Factor, JointPath, KernelSchedule, Slot
 
 _HEADER = "cgtp_device.cuh"
 KERNEL_NAME = "cgtp_kernel"
@@ -145,8 +145,11 @@ def _emit_tiles(w: _Writer, schedule: KernelSchedule) -> None:
         w(f"const long long my_ix_{r} = my_ok ? (long long)idx_{r}[my_edge] : -1;")
     for r in call.indexed_roles:
         w(f"my_ok = my_ok && cgtp_valid(my_ix_{r}, rows_{r});")
-    for slot in schedule.slots:
-        _emit_slot(w, schedule, slot)
+    if schedule.joint is not None:
+        _emit_joint(w, schedule)
+    else:
+        for slot in schedule.slots:
+            _emit_slot(w, schedule, slot)
     for k, out in enumerate(schedule.outputs):
         for start, end in out.zero_ranges:
             w(f"// out{k} ({out.role}) components [{start}, {end}) have no path: zeros")
@@ -418,3 +421,139 @@ def _emit_products(w, schedule, slot: Slot, c: Contribution, suffix: str, m: int
     for q, terms in sorted(by_comp.items()):
         acc = f"acc_{m}_{q}" if slot.mode == "reduce" else f"acc_{q}"
         w(f"{acc} += ({' + '.join(terms)}){weight};")
+
+
+def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
+    """A joint pass (:class:`~jax_cgtp.schedule.JointPass`): each edge's paths, block by block."""
+    joint = schedule.joint
+    problem = schedule.call.problem
+    outs = dict(joint.outputs)
+    w()
+    kind = "forward" if "z" in outs else "backward"
+    w(f"// ---- joint {kind}: " + ", ".join(f"out{k} ({r})" for r, k in joint.outputs)
+      + "; each path's operand chunks are loaded once")
+    w("#pragma unroll 1")
+    w.open("for (int t = 0; t < count; ++t)")
+    _emit_edge_header(w, schedule)
+    for role, a in joint.arrays:
+        w(f"const T* const p_{role} = in{a} + {_row_of(schedule, role)} * {problem.operand_dim(role)}LL;  // {role} row")
+    if "y" in outs:
+        for n, (_, dim) in enumerate(joint.y_blocks):
+            w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
+    for x_offset, mul, dim, paths in joint.blocks:
+        w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
+          f"[{', '.join(str(p.ins_index) for p in paths)}]")
+        w("#pragma unroll 1")
+        w.open(f"for (int c = 0; c < {-(-mul // WARP)}; ++c)")
+        w("const int lc = c * 32 + lane;")
+        w(f"const bool active = lc < {mul};")
+        w("const bool live = ok && active;")
+        w(f"const int nrows = {mul} - c * 32 < 32 ? {mul} - c * 32 : 32;")
+        if "x" in outs:
+            w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
+        if outs.keys() & {"y", "w", "z"}:  # the x chunk, shared by the block's paths
+            if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim)):
+                w("__syncwarp();")
+        for path in paths:
+            _emit_joint_path(w, schedule, path)
+        if "x" in outs:
+            _emit_joint_flush(w, schedule, "x", x_offset, dim)
+        w.close()
+    if "y" in outs:
+        out = schedule.outputs[outs["y"]]
+        for n, (offset, dim) in enumerate(joint.y_blocks):
+            names = [f"gy{n}_{q}" for q in range(dim)]
+            w(" ".join(f"{a} = cgtp_warp_sum({a});" for a in names))
+            w(f"T vy{n} = T(0);")
+            w(" ".join(f"if (lane == {q}) vy{n} = {a};" for q, a in enumerate(names)))
+            w(f"if (lane < {dim}) out{outs['y']}[e * {out.dim}LL + {offset} + lane] = vy{n};")
+    w.close()
+
+
+def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath) -> None:
+    joint = schedule.joint
+    problem = schedule.call.problem
+    outs = dict(joint.outputs)
+    ins = problem.instructions[path.ins_index]
+    names = (problem.irreps_in1[ins.i_in1], problem.irreps_in2[ins.i_in2], problem.irreps_out[ins.i_out])
+    w(f"// path {path.ins_index}: {names[0]} (x) {names[1]} -> {names[2]}, mode uvu, "
+      f"{'weighted' if path.w_offset is not None else 'unweighted'}, {len(path.nonzeros)} CG nonzeros")
+    w.open("")
+    used = [sorted({nz[n] for nz in path.nonzeros}) for n in range(3)]
+    for j in used[1]:
+        w(f"const T y_{j} = ok ? p_y[{path.y_offset + j}] : T(0);")
+    weight = ""
+    if path.w_offset is not None:
+        w(f"const T wt = live ? p_w[{path.w_offset} + lc] : T(0);")
+        weight = " * wt"
+    dtype = schedule.dtype
+    if "z" in outs:
+        by_k: dict[int, list[str]] = {}
+        for i, j, k, v in path.nonzeros:
+            by_k.setdefault(k, []).append(f"{_literal(v, dtype)} * x_{i} * y_{j}")
+        w(f"T {', '.join(f'gz_{k} = T(0)' for k in range(path.z_dim))};")
+        for k, terms in sorted(by_k.items()):
+            w(f"gz_{k} += ({' + '.join(terms)}){weight};")
+        _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim)
+        w.close()
+        return
+    staged = _emit_joint_chunk(w, schedule, "z", path.z_offset, path.z_dim, used[2])
+    if "x" in outs:
+        by_i: dict[int, list[str]] = {}
+        for i, j, k, v in path.nonzeros:
+            by_i.setdefault(i, []).append(f"{_literal(v, dtype)} * y_{j} * z_{k}")
+        for i, terms in sorted(by_i.items()):
+            w(f"gx_{i} += ({' + '.join(terms)}){weight};")
+    if "y" in outs:
+        n = joint.y_blocks.index((path.y_offset, path.y_dim))
+        by_j: dict[int, list[str]] = {}
+        for i, j, k, v in path.nonzeros:
+            by_j.setdefault(j, []).append(f"{_literal(v, dtype)} * x_{i} * z_{k}")
+        for j, terms in sorted(by_j.items()):
+            w(f"gy{n}_{j} += ({' + '.join(terms)}){weight};")
+    if "w" in outs and path.w_offset is not None:
+        out = schedule.outputs[outs["w"]]
+        terms = " + ".join(f"{_literal(v, dtype)} * x_{i} * y_{j} * z_{k}" for i, j, k, v in path.nonzeros)
+        w(f"if (active) out{outs['w']}[e * {out.dim}LL + {path.w_offset} + lc] = {terms};")
+    if staged:
+        w("__syncwarp();")
+    w.close()
+
+
+def _emit_joint_chunk(w: _Writer, schedule: KernelSchedule, role: str, offset: int, dim: int, comps) -> bool:
+    """Registers ``{role}_q`` (q in ``comps``) of this lane's channel in the block at ``offset``,
+    read through the warp's staging buffer when rows are wider than one; True if staged."""
+    staged = dim > 1 and role in dict(schedule.stage_sizes)
+    width = dim if dim % 2 else dim + 1
+    if staged:
+        w(f"if (ok) cgtp_stage<{dim}, {width}>(stage_{role}, p_{role} + {offset} + c * {WARP * dim}LL, "
+          f"nrows * {dim}, lane);")
+        w("__syncwarp();")
+    for q in comps:
+        element = f"stage_{role}[lane * {width} + {q}]" if staged else f"p_{role}[{offset} + lc * {dim} + {q}]"
+        w(f"const T {role}_{q} = live ? {element} : T(0);")
+    return staged
+
+
+def _emit_joint_flush(w: _Writer, schedule: KernelSchedule, role: str, offset: int, dim: int) -> None:
+    """Write (BATCHED) or atomically add (INDEXED) this chunk's ``g{role}_q`` to the block at ``offset``."""
+    k = dict(schedule.joint.outputs)[role]
+    out = schedule.outputs[k]
+    row = "e" if out.kind == BATCHED else f"ix_{role}"
+    guard = "" if out.kind == BATCHED else "ok && "
+    op = f"cgtp_{out.flush}"
+    w(f"T* const dst_{role} = out{k} + {row} * {out.dim}LL + {offset};")
+    if dim == 1:
+        w(f"if ({guard}active) {op}(dst_{role} + lc, g{role}_0);")
+        return
+    w.open("if (active)")
+    for q in range(dim):
+        w(f"obuf[lane * {dim} + {q}] = g{role}_{q};")
+    w.close()
+    w("__syncwarp();")
+    w("#pragma unroll")
+    w.open(f"for (int r = 0; r < {dim}; ++r)")
+    w("const int q = r * 32 + lane;")
+    w(f"if ({guard}q < nrows * {dim}) {op}(dst_{role} + c * {WARP * dim} + q, obuf[q]);")
+    w.close()
+    w("__syncwarp();")

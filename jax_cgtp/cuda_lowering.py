@@ -62,9 +62,14 @@ def device_arch() -> str:
     return f"sm_{_ffi.compute_capability(0)}"
 
 
+def _plan(call: Call, dtype: str, index_dtype: str, edges: int):
+    """The launches of ``call`` for ``edges`` edges (cached per tile size, not per edge count)."""
+    return _plan_for_tile(call, dtype, index_dtype, schedule.shared_tile_for(edges))
+
+
 @functools.lru_cache(maxsize=None)
-def _plan(call: Call, dtype: str, index_dtype: str):
-    return schedule.plan(call, dtype, index_dtype)
+def _plan_for_tile(call: Call, dtype: str, index_dtype: str, shared_tile: int):
+    return schedule.plan(call, dtype, index_dtype, shared_tile)
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,7 +99,7 @@ def launch(call: Call, *args):
     edges = num_edges(call, [a.shape for a in args])
     scalars = np.array([edges] + [call.row_count(r) for r in call.indexed_roles], np.int64)
     results = [None] * len(call.outputs)
-    for kernel in _plan(call, _KERNEL_DTYPES[dtype], index_ctype):
+    for kernel in _plan(call, _KERNEL_DTYPES[dtype], index_ctype, edges):
         segments = call.row_count(kernel.segment_role) if kernel.segment_role else 0
         grid = kernel.grid(edges, segments)
         partial_rows = max(grid, 1) * kernel.warps_per_block
@@ -149,7 +154,8 @@ def _calls_in(jaxpr):
             dtype = jnp.dtype(eqn.invars[0].aval.dtype)
             call = eqn.params["call"]
             indices = [v.aval for v in eqn.invars[call.num_inputs :]]
-            yield call, dtype, _common_index_dtype(indices)[1]
+            edges = num_edges(call, [v.aval.shape for v in eqn.invars])
+            yield call, dtype, _common_index_dtype(indices)[1], edges
         for param in eqn.params.values():
             for sub in param if isinstance(param, (tuple, list)) else (param,):
                 inner = getattr(sub, "jaxpr", None)
@@ -168,9 +174,9 @@ def precompile(fun, *args, max_workers: int | None = None) -> int:
 
     jaxpr = jax.make_jaxpr(fun)(*args).jaxpr
     kernels = set()
-    for call, dtype, index_ctype in _calls_in(jaxpr):
+    for call, dtype, index_ctype, edges in _calls_in(jaxpr):
         kernel_dtype = _KERNEL_DTYPES.get(dtype, "float")
-        kernels.update(_plan(call, kernel_dtype, index_ctype))
+        kernels.update(_plan(call, kernel_dtype, index_ctype, edges))
     arch = device_arch()
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         list(pool.map(lambda kernel: _kernel_image(kernel, arch), kernels))

@@ -120,6 +120,42 @@ class KernelOutput:
 
 
 @dataclasses.dataclass(frozen=True)
+class JointPath:
+    """One ``uvu`` path of a joint backward; its ``y`` block has multiplicity one.
+
+    Offsets are into the rows of x, y and z; ``w_offset`` is None for an unweighted path.
+    """
+
+    ins_index: int
+    x_offset: int
+    x_dim: int
+    y_offset: int
+    y_dim: int
+    z_offset: int
+    z_dim: int
+    w_offset: int | None
+    nonzeros: tuple[tuple[int, int, int, float], ...]  # (i, j, k, pw * C[i, j, k])
+
+
+@dataclasses.dataclass(frozen=True)
+class JointPass:
+    """A launch of ``uvu`` paths over one-channel ``y`` blocks, done path by path in one pass.
+
+    Per edge, per x block and 32-channel chunk (lanes over ``u``), every path of the block
+    loads its operand chunks once. The forward (output ``z``, one path per z block) writes the
+    path's z chunk at once. The fused backward adds to x̄ (lanes), ȳ (per-lane partials,
+    summed over the warp at the end of the edge) and w̄ (lanes, written at once). ``outputs``
+    and ``arrays`` map roles to kernel outputs and call inputs; ``blocks`` are
+    ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)`` of the y blocks ȳ covers.
+    """
+
+    outputs: tuple[tuple[str, int], ...]
+    arrays: tuple[tuple[str, int], ...]
+    blocks: tuple[tuple[int, int, int, tuple[JointPath, ...]], ...]
+    y_blocks: tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelSchedule:
     """Everything the code generator needs for one launch."""
 
@@ -134,6 +170,7 @@ class KernelSchedule:
     stage_sizes: tuple[tuple[str, int], ...]  # shared-memory elements per warp for each role
     transpose_size: int  # shared-memory elements per warp for output transposition
     warps_per_block: int
+    joint: JointPass | None = None  # replaces the slots when set
 
     @property
     def itemsize(self) -> int:
@@ -291,6 +328,70 @@ def _zero_ranges(problem: Problem, role: str, slots) -> tuple[tuple[int, int], .
     return tuple(ranges)
 
 
+def _joint_pass(call: Call, outputs) -> JointPass | None:
+    """The joint plan of a launch, or None (its slots then run output by output).
+
+    It applies when every path is ``uvu`` with a one-channel y block (spherical harmonics),
+    every output has one term over the same inputs, and the launch is the forward (z BATCHED,
+    one path per z block) or a backward producing at least two of x̄, ȳ, w̄.
+    """
+    roles = {o.role: k for k, o in enumerate(outputs)}
+    if call.deterministic or len(roles) != len(outputs):
+        return None
+    forward = set(roles) == {"z"}
+    if not forward and ("z" in roles or len(roles) < 2):
+        return None
+    allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,), "z": (BATCHED,)}
+    if any(o.kind not in allowed[o.role] for o in outputs):
+        return None
+    arrays: dict[str, int] = {}
+    for out in outputs:
+        terms = call.outputs[out.call_output].terms
+        if len(terms) != 1 or (terms[0].weighted_only and out.role != "w"):  # w̄ has weighted paths only
+            return None
+        for role, array in zip(call.term_roles(out.role), terms[0].args):
+            if arrays.setdefault(role, array) != array:
+                return None
+    problem = call.problem
+    active = [(n, ins) for n, ins in enumerate(problem.instructions) if ins.is_active]
+    if not active or any(ins.mode != "uvu" or ins.mul_in2 != 1 for _, ins in active):
+        return None
+    if any(ins.has_weight for _, ins in active) and "w" not in arrays:
+        return None
+    if forward and len({ins.i_out for _, ins in active}) != len(active):
+        return None
+    blocks = []
+    for i1, mul_ir in enumerate(problem.irreps_in1):
+        paths = []
+        for n, ins in active:
+            if ins.i_in1 != i1:
+                continue
+            (xo, _, xd), (yo, _, yd), (zo, _, zd) = (problem.block(ins, r) for r in "xyz")
+            paths.append(JointPath(n, xo, xd, yo, yd, zo, zd, ins.weight_offset if ins.has_weight else None,
+                                   tuple(cg_nonzeros(problem, ins))))
+        if paths:
+            blocks.append((problem.irreps_in1[:i1].dim, mul_ir.mul, mul_ir.ir.dim, tuple(paths)))
+    y_blocks = sorted({(p.y_offset, p.y_dim) for _, _, _, paths in blocks for p in paths})
+    return JointPass(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(blocks), tuple(y_blocks))
+
+
+def _joint_buffers(joint: JointPass) -> tuple[dict[str, int], int]:
+    """Shared-memory elements per warp of a joint pass: the staged x (and, backward, z̄) chunks,
+    and the transposition buffer of the outputs written by lanes (x̄ or z)."""
+    backward = "z" not in dict(joint.outputs)
+    stage: dict[str, int] = {}
+    transpose = 0
+    for _, _, x_dim, paths in joint.blocks:
+        for p in paths:
+            for role, dim in (("x", p.x_dim), ("z", p.z_dim)):
+                if dim > 1 and (role == "x" or backward):
+                    stage[role] = max(stage.get(role, 0), WARP * _stage_width(dim, 1))
+            out_dim = x_dim if backward else p.z_dim
+            if out_dim > 1:
+                transpose = max(transpose, WARP * out_dim)
+    return stage, transpose
+
+
 def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
     """Split the call's outputs into launches: ``[(output indices, segment role or None)]``."""
     if not call.deterministic:
@@ -309,8 +410,27 @@ def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
     return result
 
 
-def plan(call: Call, dtype: str, index_dtype: str) -> list[KernelSchedule]:
-    """The launches of ``call`` for ``dtype`` ("float"/"double") and index type ("int"/"long long")."""
+def shared_tile_for(edges: int) -> int:
+    """Edges per tile of a launch with a SHARED output, for ``edges`` edges (a power of two).
+
+    Such an output keeps one partial row per warp, and at most ``MAX_PARTIAL_BLOCKS`` blocks
+    run. A 32-edge tile would leave most of those warps idle when the edges are few (the
+    weight gradient of a node-level product over a small batch), so the tile shrinks until
+    the edges fill them.
+
+    >>> shared_tile_for(864), shared_tile_for(5000), shared_tile_for(10**6)
+    (1, 8, 32)
+    """
+    warps = MAX_PARTIAL_BLOCKS * WARPS_PER_BLOCK
+    tile = 1
+    while tile < TILE_INDEXED and tile * warps < edges:
+        tile *= 2
+    return tile
+
+
+def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEXED) -> list[KernelSchedule]:
+    """The launches of ``call`` for ``dtype`` ("float"/"double") and index type ("int"/"long long");
+    a launch with a SHARED output uses tiles of ``shared_tile`` edges (see :func:`shared_tile_for`)."""
     itemsize = 8 if dtype == "double" else 4
     schedules = []
     for output_indices, segment_role in kernel_groups(call):
@@ -333,7 +453,12 @@ def plan(call: Call, dtype: str, index_dtype: str) -> list[KernelSchedule]:
             zero = _zero_ranges(call.problem, output.role, planned) if kind == BATCHED else ()
             outputs.append(KernelOutput(call_index, output.role, kind, call.problem.operand_dim(output.role),
                                         flush, zero))
-        accumulates = any(o.kind != BATCHED for o in outputs)
+        if segment_role:
+            tile = TILE_INDEXED
+        elif any(o.kind == SHARED for o in outputs):
+            tile = shared_tile
+        else:
+            tile = TILE_INDEXED if any(o.kind != BATCHED for o in outputs) else 1
         stage = {}
         for slot in slots:
             for c in slot.contributions:
@@ -345,13 +470,17 @@ def plan(call: Call, dtype: str, index_dtype: str) -> list[KernelSchedule]:
             (WARP * s.dim for s in slots if s.mode == "output" and s.role != "w" and s.dim > 1),
             default=0,
         )
+        joint = None if segment_role else _joint_pass(call, outputs)
+        if joint is not None:
+            stage, transpose = _joint_buffers(joint)
         schedules.append(KernelSchedule(
             call, dtype, index_dtype, tuple(outputs), tuple(slots),
             "segments" if segment_role else "tiles",
-            TILE_INDEXED if (segment_role or accumulates) else 1,
+            tile,
             segment_role,
             tuple((r, stage[r]) for r in OPERANDS if r in stage),
             transpose,
             WARPS_PER_BLOCK,
+            joint,
         ))
     return schedules

@@ -29,6 +29,15 @@ def pair(spec, cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
                  for backend in (kernels, "reference"))
 
 
+def spherical_harmonics_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
+    """A MACE-like product (33 channels: two chunks) whose forward and fused backward are joint
+    passes, on the kernels' backend and on the reference."""
+    tp = jax_cgtp.channelwise_tensor_product("5x0e+3x1o+33x2e", "0e+1o+2e", filter_ir_out="0e+1o+2e")
+    instructions = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions]
+    return tuple(cls(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, instructions, backend=backend, **options)
+                 for backend in (kernels, "reference"))
+
+
 def members(tp, x, y, w, g):
     """Every kind of family call: the product, its JVP (three terms), the fused backward, the
     three single-operand gradients, and the force-training second derivative."""

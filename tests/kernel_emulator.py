@@ -36,16 +36,16 @@ _FLAGS = ["-std=c++20", "-O1", "-w", "-fPIC", "-pthread"]
 _PARAMETER = re.compile(r"^\s*(const )?(T\*|I\*|long long) (?:__restrict__ )?(\w+)[,)]", re.M)
 
 
-_launches = [0]
+_launched: list = []  # the schedules of the emulated launches, in order
 
 
 def available() -> bool:
     return COMPILER is not None
 
 
-def launch_count() -> int:
-    """How many emulated kernel launches have run in this process."""
-    return _launches[0]
+def launched() -> list:
+    """The :class:`~jax_cgtp.schedule.KernelSchedule` of every emulated launch so far, in order."""
+    return list(_launched)
 
 
 def _call_arguments(source: str) -> str:
@@ -108,7 +108,7 @@ def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
         pointers = [a.ctypes.data for a in inputs + outputs]
         buffers = (ctypes.c_void_p * len(pointers))(*pointers)
         values = np.ascontiguousarray(scalars, np.int64)
-        _launches[0] += 1
+        _launched.append(kernel)
         if grid > 0:
             _library(source).cgtp_emu_run(buffers, values.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong)),
                                           grid, kernel.block)

@@ -56,6 +56,25 @@ def test_gradient_of_narrow_spherical_harmonics_is_a_warp_reduction():
     assert modes == {("x", "output"), ("y", "reduce"), ("w", "output")}
 
 
+def test_forward_of_spherical_harmonics_paths_is_one_joint_pass():
+    (kernel,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
+    assert dict(kernel.joint.outputs) == {"z": 0} and dict(kernel.stage_sizes).keys() == {"x"}
+    assert "joint forward" in codegen.generate(kernel)
+
+
+def test_fused_backward_of_spherical_harmonics_paths_is_one_joint_pass():
+    (kernel,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
+    assert dict(kernel.joint.outputs) == {"x": 0, "y": 1, "w": 2}
+    assert [len(paths) for _, _, _, paths in kernel.joint.blocks] == [3, 5, 5]  # the 13 paths, by x block
+    source = codegen.generate(kernel)
+    assert "joint backward" in source and "cgtp_stage<5, 5>(stage_x" in source
+    if nvrtc.available():
+        assert nvrtc.compile_cubin(source, "sm_90", "the joint backward")
+    uvw = jax_cgtp.fully_connected_tensor_product("4x0e+4x1o", "0e+1o", "4x0e+4x1o").problem
+    (kernel,) = schedule.plan(backward_call(uvw, (BATCHED,) * 4), "float", "int")
+    assert kernel.joint is None  # other modes run output by output
+
+
 def test_deterministic_convolution_reduces_each_node_in_one_warp():
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     call = backward_call(mace_problem(), kinds, rows=(10, None, None, 10), deterministic=True)
@@ -72,12 +91,25 @@ def test_shared_weight_gradient_is_a_per_warp_partial():
     assert kernel.has_partials and kernel.grid(10**7, 0) == schedule.MAX_PARTIAL_BLOCKS
 
 
+def test_shared_weight_gradient_of_few_edges_uses_small_tiles_to_fill_the_warps():
+    call = backward_call(mace_problem(), (BATCHED, BATCHED, SHARED, BATCHED))
+    (few,) = schedule.plan(call, "float", "int", schedule.shared_tile_for(864))
+    assert few.tile == 1 and few.grid(864, 0) == 216  # 864 warps, one partial row each
+    (many,) = schedule.plan(call, "float", "int", schedule.shared_tile_for(10**6))
+    assert many.tile == schedule.TILE_INDEXED and many.grid(10**6, 0) == schedule.MAX_PARTIAL_BLOCKS
+    (batched,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int", 1)
+    assert batched.tile == 1
+
+
 def test_generated_source_names_paths_and_irreps():
     (kernel,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "double", "int")
     source = codegen.generate(kernel)
     assert "typedef double T;" in source
     assert "// path 4: 128x1o (x) 1x1o -> 128x0e, mode uvu, weighted, 3 CG nonzeros" in source
-    assert "// ---- out0: z block 3 (128x1o)" in source
+    assert "// x block at 128: 128 channels of dimension 3, paths" in source  # a joint pass
+    uvw = jax_cgtp.fully_connected_tensor_product("4x0e+4x1o", "0e+1o", "4x0e+4x1o").problem
+    (kernel,) = schedule.plan(forward_call(uvw, (BATCHED,) * 4), "double", "int")
+    assert "// ---- out0: z block 1 (4x1o)" in codegen.generate(kernel)  # slot by slot
 
 
 def test_uncovered_output_blocks_are_written_with_zeros():

@@ -11,7 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-from family_members import assert_close, conv_members, members, pair, random_graph
+from family_members import assert_close, conv_members, members, pair, random_graph, spherical_harmonics_pair
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -29,7 +29,7 @@ def emulated():
 
 
 def _launches():
-    return kernel_emulator.launch_count()
+    return len(kernel_emulator.launched())
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -47,7 +47,7 @@ def test_every_member_matches_reference(seed):
     assert_close(actual, expected, dtype)
 
 
-@pytest.mark.parametrize("batch", [0, 1, 40])
+@pytest.mark.parametrize("batch", [0, 1, 40, 1500])
 def test_batch_sizes_and_shared_weight_tiles(batch):
     spec = random_problem(820, mode="uvw", lmax=1)
     kernels, reference = pair(spec, kernels="auto")
@@ -69,4 +69,28 @@ def test_convolution_matches_reference(deterministic, seed):
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
     assert _launches() > before
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+
+
+def test_joint_forward_and_backward_match_reference():
+    kernels, reference = spherical_harmonics_pair(kernels="auto")
+    keys = jax.random.split(jax.random.PRNGKey(40), 4)
+    x = jax.random.normal(keys[0], (5, kernels.irreps_in1.dim))
+    y = jax.random.normal(keys[1], (5, kernels.irreps_in2.dim))
+    w = jax.random.normal(keys[2], (5, kernels.weight_numel))
+    g = jax.random.normal(keys[3], (5, kernels.irreps_out.dim))
+    before = _launches()
+    actual = jax.jit(functools.partial(members, kernels))(x, y, w, g)
+    joint = [dict(k.joint.outputs) for k in kernel_emulator.launched()[before:] if k.joint is not None]
+    assert {"z": 0} in joint and {"x": 0, "y": 1, "w": 2} in joint
+    assert_close(actual, jax.jit(functools.partial(members, reference))(x, y, w, g), jnp.float64)
+
+
+def test_joint_backward_of_the_convolution_matches_reference():
+    """x̄ by atomics into source nodes; the deterministic variant keeps its segment launches."""
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
+    args = random_graph(jax.random.PRNGKey(41), kernels, 9, 50, jnp.float64, bad_fraction=0.1)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
+    assert any(k.joint is not None for k in kernel_emulator.launched()[before:])
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)

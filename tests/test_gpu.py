@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-from family_members import assert_close, conv_members, members, pair, random_graph, relative_error
+from family_members import (assert_close, conv_members, members, pair, random_graph, relative_error,
+                            spherical_harmonics_pair)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -117,6 +118,31 @@ def test_batch_sizes(batch):
         assert_close(actual, expected, jnp.float32)
 
 
+@pytest.mark.parametrize("batch", [700, 1500, 3000, 5000, 12_000, 40_000])
+def test_shared_weight_gradient_for_every_tile_size(batch):
+    """Shared weights: the weight gradient's tile shrinks with the batch (1 to 32 edges)."""
+    spec = random_problem(611, mode="uvw", lmax=2)
+    cuda, reference = pair(spec)
+    args = random_inputs(jax.random.PRNGKey(8), spec, (batch,), cuda.weight_numel, jnp.float64, True)
+
+    def both(tp, x, y, w):
+        return jax.value_and_grad(lambda *a: jnp.sum(tp(*a) ** 2), argnums=(0, 1, 2))(x, y, w)
+
+    assert_close(jax.jit(functools.partial(both, cuda))(*args), jax.jit(functools.partial(both, reference))(*args),
+                 jnp.float64)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_joint_passes_match_reference(dtype):
+    """Forward and fused backward of spherical-harmonics paths run as joint passes."""
+    cuda, reference = spherical_harmonics_pair()
+    keys = jax.random.split(jax.random.PRNGKey(42), 4)
+    x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
+        keys, (cuda.irreps_in1.dim, cuda.irreps_in2.dim, cuda.weight_numel, cuda.irreps_out.dim)))
+    expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))
+    assert_close(jax.jit(functools.partial(members, cuda))(x, y, w, g), expected, dtype)
+
+
 # ---- graph convolution
 
 
@@ -130,6 +156,15 @@ def test_convolution_matches_reference(deterministic, dtype, seed):
     expected = jax.jit(functools.partial(conv_members, reference, 50))(
         *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
     assert_close(jax.jit(functools.partial(conv_members, cuda, 50))(*args), expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_joint_backward_of_the_convolution_matches_reference(dtype):
+    cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv)
+    args = random_graph(jax.random.PRNGKey(43), cuda, 300, 5000, dtype, bad_fraction=0.05)
+    expected = jax.jit(functools.partial(conv_members, reference, 300))(
+        *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
+    assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

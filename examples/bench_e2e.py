@@ -1,5 +1,7 @@
 """End-to-end benchmark: one MD step and one training step of the same NequIP-style model,
-jax_cgtp vs e3nn-jax (the potential's ``backend="e3nn"`` switch: same parameters).
+jax_cgtp vs e3nn-jax (the potential's ``backend="e3nn"`` switch: same parameters) and, when
+cuequivariance-jax is installed, vs the model with its convolutions on cuEquivariance
+(``backend="cueq"``).
 
 * MD step: velocity Verlet with energy + forces (``md.make_step``) on the periodic water box
   (3,993 atoms at the default size).
@@ -18,6 +20,7 @@ them in this process, e.g. for a quick CPU check). The last columns compare with
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -125,7 +128,9 @@ def main(argv=None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     potential.add_model_arguments(parser)
-    parser.add_argument("--backends", default="auto,e3nn", help="comma-separated: auto, reference, cuda, e3nn")
+    default_backends = "auto,cueq,e3nn" if importlib.util.find_spec("cuequivariance_jax") else "auto,e3nn"
+    parser.add_argument("--backends", default=default_backends,
+                        help="comma-separated: auto, reference, cuda, e3nn, cueq (default: %(default)s)")
     parser.add_argument("--workloads", default="md,train")
     parser.add_argument("--water-side", type=int, default=11, help="molecules per box side (11: 3,993 atoms)")
     parser.add_argument("--copper-repeat", type=int, default=3, help="cubic cells per side (3: 108 atoms)")

@@ -10,12 +10,16 @@ MLP ``R`` for the per-edge weights), a linear mix, a species-dependent self-conn
 (``jax_cgtp.flax.FullyConnectedTensorProduct``) and e3nn's gated nonlinearity. The atomic
 energy ``e_i`` is an MLP of the final scalars.
 
-``backend="e3nn"`` runs the identical model (same parameters) with e3nn-jax's tensor products.
+``backend="e3nn"`` runs the identical model (same parameters) with e3nn-jax's tensor products;
+``backend="cueq"`` runs it with cuequivariance-jax where cuEquivariance fits: the convolutions
+(``uvu``, its ``uniform_1d`` kernels on a GPU), while the ``uvw`` self-connection, which those
+kernels cannot run, stays on e3nn-jax.
 Graphs are padded to a fixed number of edges (padding edges index atom ``N``, outside the
 node range, and contribute nothing), so a jitted step does not retrace when neighbours change.
 
     python examples/potential.py --smoke          # a few seconds on CPU
     python examples/potential.py --backend e3nn   # the same model on e3nn-jax
+    python examples/potential.py --backend cueq   # its convolutions on cuequivariance-jax
 """
 
 from __future__ import annotations
@@ -139,7 +143,8 @@ class Interaction(nn.Module):
             backend=self.backend,
         )(x, sh, embedding, graph.src, graph.dst, h.shape[0])
         mixed = e3nn.flax.Linear(gate_in, force_irreps_out=True)(messages).rechunk(gate_in)
-        self_connection = jax_cgtp.flax.FullyConnectedTensorProduct(gate_in, backend=self.backend)(h, attrs)
+        self_backend = "e3nn" if self.backend == "cueq" else self.backend
+        self_connection = jax_cgtp.flax.FullyConnectedTensorProduct(gate_in, backend=self_backend)(h, attrs)
         return e3nn.gate(mixed + self_connection.rechunk(gate_in))
 
 
@@ -201,7 +206,7 @@ def structure_energies(model: NequIP, params, positions, graph: Graph, num_struc
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=jax_cgtp.flax.MODULE_BACKENDS,
-                        help="jax_cgtp backend, or 'e3nn' for the same model on e3nn-jax")
+                        help="jax_cgtp backend, 'e3nn' for the same model on e3nn-jax, 'cueq' for its convolutions on cuequivariance-jax")
     parser.add_argument("--channels", type=int, default=32)
     parser.add_argument("--lmax", type=int, default=2)
     parser.add_argument("--layers", type=int, default=3)

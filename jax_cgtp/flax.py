@@ -4,7 +4,9 @@ interaction convolution.
 Parameters are plain nested dicts of arrays (jit, grad, optax and orbax take them as they
 are). ``backend`` is passed through to jax_cgtp (``"auto"``, ``"reference"``, ``"cuda"``);
 ``backend="e3nn"`` runs the same module, with the same parameters, on e3nn-jax's own ops
-(``e3nn_jax.legacy.FunctionalTensorProduct`` and a gather/segment-sum), for comparisons.
+(``e3nn_jax.legacy.FunctionalTensorProduct`` and a gather/segment-sum), for comparisons;
+``backend="cueq"`` runs :class:`TensorProductConv` on cuequivariance-jax
+(:func:`jax_cgtp.cueq.convolution`).
 
 >>> import jax, jax.numpy as jnp, e3nn_jax as e3nn
 >>> tp = FullyConnectedTensorProduct("4x0e+2x1o")
@@ -24,13 +26,14 @@ import jax
 import jax.numpy as jnp
 from e3nn_jax import legacy
 
+from . import cueq
 from . import e3nn as dropin
 from .backend import BACKENDS
 from .conv import TensorProductConv as _Conv
 from .graph import SortedGraph, graph_endpoints
 from .tensor_product import channelwise_tensor_product
 
-MODULE_BACKENDS = BACKENDS + ("e3nn",)
+MODULE_BACKENDS = BACKENDS + ("e3nn", "cueq")
 
 
 def _check_backend(backend: str) -> str:
@@ -88,6 +91,11 @@ class FullyConnectedTensorProduct(nn.Module):
     @nn.compact
     def __call__(self, x1, x2) -> e3nn.IrrepsArray:
         backend = _check_backend(self.backend)
+        if backend == "cueq":
+            raise ValueError(
+                "backend='cueq' is for TensorProductConv only: cuEquivariance's uniform_1d kernels run "
+                "one-mode (uvu) products and a fully connected product is uvw; use 'e3nn' or a jax_cgtp backend"
+            )
         irreps_out = e3nn.Irreps(self.irreps_out)
         x1 = _irreps_array("x1", x1, self.irreps_in1).remove_zero_chunks().simplify()
         x2 = _irreps_array("x2", x2, self.irreps_in2).remove_zero_chunks().simplify()
@@ -153,6 +161,8 @@ class TensorProductConv(nn.Module):
     def __call__(self, x, sh, embedding, src=None, dst=None, num_nodes: Optional[int] = None, *,
                  graph: Optional[SortedGraph] = None) -> e3nn.IrrepsArray:
         backend = _check_backend(self.backend)
+        if backend == "cueq" and self.deterministic:
+            raise ValueError("deterministic=True: cuEquivariance's convolution scatters with atomics; use a jax_cgtp backend")
         src, dst, num_nodes = graph_endpoints(graph, src, dst, num_nodes)
         if src is None or dst is None:
             raise ValueError("src, dst: both are needed (or graph=)")
@@ -165,7 +175,8 @@ class TensorProductConv(nn.Module):
             )
         num_nodes = x.shape[0] if num_nodes is None else num_nodes
         tp = channelwise_tensor_product(
-            x.irreps, sh.irreps, filter_ir_out=self.filter_ir_out, backend="reference" if backend == "e3nn" else backend
+            x.irreps, sh.irreps, filter_ir_out=self.filter_ir_out,
+            backend="reference" if backend in ("e3nn", "cueq") else backend,
         )
         radial = self.radial or (
             lambda n: e3nn.flax.MultiLayerPerceptron((*self.radial_hidden, n), act=jax.nn.silu, output_activation=False)
@@ -175,16 +186,18 @@ class TensorProductConv(nn.Module):
             raise ValueError(
                 f"radial: the network must map (E, num_basis) to (E, {tp.weight_numel}), got shape {jnp.shape(weights)}"
             )
+        dtype = jnp.result_type(x.array, sh.array, weights)
+        operands = (x.array.astype(dtype), sh.array.astype(dtype), weights.astype(dtype))
         if backend == "e3nn":
-            out = _e3nn_conv(tp, x.array, sh.array, weights, src, dst, num_nodes)
+            out = _e3nn_conv(tp, *operands, src, dst, num_nodes)
+        elif backend == "cueq":
+            out = cueq.convolution(tp.problem, *operands, src, dst, num_nodes)
         else:
             conv = _Conv(
                 tp.irreps_in1, tp.irreps_in2, tp.irreps_out,
                 [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions],
                 backend=backend, deterministic=self.deterministic,
             )
-            dtype = jnp.result_type(x.array, sh.array, weights)
-            operands = (x.array.astype(dtype), sh.array.astype(dtype), weights.astype(dtype))
             out = conv(*operands, graph=graph) if graph is not None else conv(*operands, src, dst, num_nodes)
         return e3nn.IrrepsArray(tp.irreps_out, out / self.avg_num_neighbors)
 
@@ -195,11 +208,10 @@ def _e3nn_conv(tp, x, sh, weights, src, dst, num_nodes):
         tp.irreps_in1, tp.irreps_in2, tp.irreps_out,
         [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions],
     )
-    dtype = jnp.result_type(x, sh, weights)
-    x_edges = x.astype(dtype).at[src].get(mode="fill", fill_value=0)
+    x_edges = x.at[src].get(mode="fill", fill_value=0)
     messages = jax.vmap(
         lambda w, a, b: functional.left_right(w, e3nn.IrrepsArray(tp.irreps_in1, a), e3nn.IrrepsArray(tp.irreps_in2, b)).array
-    )(weights.astype(dtype), x_edges, sh.astype(dtype))
+    )(weights, x_edges, sh)
     valid = (src >= 0) & (src < x.shape[0]) & (dst >= 0) & (dst < num_nodes)
     return jax.ops.segment_sum(messages, jnp.where(valid, dst, num_nodes), num_segments=num_nodes)
 

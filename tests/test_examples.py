@@ -1,6 +1,7 @@
 """The examples: the potential's symmetries and derivatives, and each script end to end with --smoke."""
 
 import functools
+import importlib.util
 import pathlib
 import sys
 
@@ -75,13 +76,16 @@ def test_forces_are_minus_the_gradient_of_the_energy():
         assert abs(float(-difference - forces[atom, axis])) < 1e-6
 
 
-def test_e3nn_backend_gives_the_same_energy_and_forces():
+@pytest.mark.parametrize("backend", ["e3nn", "cueq"])
+def test_other_backends_give_the_same_energy_and_forces(backend):
+    if backend == "cueq":
+        pytest.importorskip("cuequivariance_jax")
     _, atoms, graph, params, evaluate = setup()
-    *_, evaluate_e3nn = setup("e3nn")
+    *_, evaluate_other = setup(backend)
     energy, forces = evaluate(params, jnp.asarray(atoms.positions), graph)
-    energy_e3nn, forces_e3nn = evaluate_e3nn(params, jnp.asarray(atoms.positions), graph)
-    assert abs(float(energy - energy_e3nn)) < 1e-8 * max(1.0, abs(float(energy)))
-    np.testing.assert_allclose(forces, forces_e3nn, atol=1e-8)
+    energy_other, forces_other = evaluate_other(params, jnp.asarray(atoms.positions), graph)
+    assert abs(float(energy - energy_other)) < 1e-8 * max(1.0, abs(float(energy)))
+    np.testing.assert_allclose(forces, forces_other, atol=1e-8)
 
 
 def test_padding_edges_change_nothing():
@@ -131,11 +135,12 @@ def test_train_example_fits_and_saves(tmp_path):
     assert "shift" in restored["params"]
 
 
-def test_bench_e2e_compares_the_two_backends():
+def test_bench_e2e_compares_the_backends():
     results = bench_e2e.main(["--smoke", "--inline", "--iters", "1", "--workloads", "md"])
     by_pair = {(r["workload"], r["backend"]): r for r in results}
-    assert set(by_pair) == {("md", "auto"), ("md", "e3nn")}  # train's step is train.py's, tested above
-    for workload in ("md",):
-        ours, theirs = by_pair[(workload, "auto")], by_pair[(workload, "e3nn")]
+    cueq = importlib.util.find_spec("cuequivariance_jax") is not None
+    assert set(by_pair) == {("md", "auto"), ("md", "e3nn")} | ({("md", "cueq")} if cueq else set())
+    theirs = by_pair[("md", "e3nn")]  # train's step is train.py's, tested above
+    for ours in by_pair.values():
         assert ours["step_ms"] > 0 and ours["planned_bytes"] > 0
         assert abs(ours["value"] - theirs["value"]) <= 1e-6 * max(1.0, abs(theirs["value"]))

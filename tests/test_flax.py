@@ -102,6 +102,22 @@ def test_conv_equals_gather_product_scatter_with_e3nn_and_drops_padding():
     assert close(jax.jit(on_e3nn.apply)(params, x, sh, embedding, src, dst).array, out.array, 1e-12)
 
 
+def test_cueq_backend_runs_the_convolution_only():
+    pytest.importorskip("cuequivariance_jax")
+    src, dst, sh, embedding = graph()
+    x = normal("4x0e + 2x1o", 9, (5,))
+    conv = cgflax.TensorProductConv(filter_ir_out="0e + 1o + 2e", radial_hidden=(8,))
+    params = jax.jit(conv.init)(jax.random.PRNGKey(0), x, sh, embedding, src, dst)
+    on_cueq = cgflax.TensorProductConv(filter_ir_out="0e + 1o + 2e", radial_hidden=(8,), backend="cueq")
+    expected = conv.apply(params, x, sh, embedding, src, dst).array
+    assert close(jax.jit(on_cueq.apply)(params, x, sh, embedding, src, dst).array, expected, 1e-12)
+    with pytest.raises(ValueError, match="deterministic=True: cuEquivariance"):
+        cgflax.TensorProductConv(filter_ir_out="0e", backend="cueq", deterministic=True).init(
+            jax.random.PRNGKey(0), x, sh, embedding, src, dst)
+    with pytest.raises(ValueError, match="backend='cueq' is for TensorProductConv only"):
+        cgflax.FullyConnectedTensorProduct("0e", backend="cueq").init(jax.random.PRNGKey(0), x, x)
+
+
 def test_deterministic_conv_takes_a_graph_sorted_once():
     src, dst, sh, embedding = graph()
     x = normal("4x0e + 2x1o", 8, (5,))

@@ -54,6 +54,11 @@ def members(tp, x, y, w, g):
     return z, jvp, vjp(g), (grad_x, grad_y, grad_w), jax.grad(force_loss, argnums=(0, 1))(w, x)
 
 
+def squared_norm_and_gradients(tp, x, y, w):
+    """``sum(T(x, y, w)^2)`` and its gradients w.r.t. ``x, y, w``: a forward and a fused backward."""
+    return jax.value_and_grad(lambda *a: jnp.sum(tp(*a) ** 2), argnums=(0, 1, 2))(x, y, w)
+
+
 def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, shared=False):
     """Inputs of ``conv``; the last 3 nodes receive no edge, ``bad_fraction`` of the edges are out of range."""
     keys = jax.random.split(key, 6)

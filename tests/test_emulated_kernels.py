@@ -11,7 +11,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-from family_members import assert_close, conv_members, members, pair, random_graph, spherical_harmonics_pair
+from family_members import (assert_close, conv_members, members, pair, random_graph, spherical_harmonics_pair,
+                            squared_norm_and_gradients)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -52,12 +53,8 @@ def test_batch_sizes_and_shared_weight_tiles(batch):
     spec = random_problem(820, mode="uvw", lmax=1)
     kernels, reference = pair(spec, kernels="auto")
     args = random_inputs(jax.random.PRNGKey(batch), spec, (batch,), kernels.weight_numel, jnp.float64, True)
-
-    def both(tp, x, y, w):
-        return jax.value_and_grad(lambda *a: jnp.sum(tp(*a) ** 2), argnums=(0, 1, 2))(x, y, w)
-
-    assert_close(jax.jit(functools.partial(both, kernels))(*args), jax.jit(functools.partial(both, reference))(*args),
-                 jnp.float64)
+    actual = jax.jit(functools.partial(squared_norm_and_gradients, kernels))(*args)
+    assert_close(actual, jax.jit(functools.partial(squared_norm_and_gradients, reference))(*args), jnp.float64)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 from family_members import (assert_close, conv_members, members, pair, random_graph, relative_error,
-                            spherical_harmonics_pair)
+                            spherical_harmonics_pair, squared_norm_and_gradients)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -105,12 +105,9 @@ def test_batch_sizes(batch):
     spec = random_problem(603, mode="uvu", lmax=2)
     cuda, reference = pair(spec)
     args = random_inputs(jax.random.PRNGKey(7), spec, (batch,), cuda.weight_numel, jnp.float32, False)
-
-    def both(tp, x, y, w):
-        return jax.value_and_grad(lambda *a: jnp.sum(tp(*a) ** 2), argnums=(0, 1, 2))(x, y, w)
-
-    actual = jax.jit(functools.partial(both, cuda))(*args)
-    expected = jax.jit(functools.partial(both, reference))(*(a.astype(jnp.float64) for a in args))
+    actual = jax.jit(functools.partial(squared_norm_and_gradients, cuda))(*args)
+    expected = jax.jit(functools.partial(squared_norm_and_gradients, reference))(
+        *(a.astype(jnp.float64) for a in args))
     if batch == 0:
         assert all(a.size == 0 for a in jax.tree.leaves(actual[1]))
         assert float(actual[0]) == 0.0
@@ -124,12 +121,8 @@ def test_shared_weight_gradient_for_every_tile_size(batch):
     spec = random_problem(611, mode="uvw", lmax=2)
     cuda, reference = pair(spec)
     args = random_inputs(jax.random.PRNGKey(8), spec, (batch,), cuda.weight_numel, jnp.float64, True)
-
-    def both(tp, x, y, w):
-        return jax.value_and_grad(lambda *a: jnp.sum(tp(*a) ** 2), argnums=(0, 1, 2))(x, y, w)
-
-    assert_close(jax.jit(functools.partial(both, cuda))(*args), jax.jit(functools.partial(both, reference))(*args),
-                 jnp.float64)
+    actual = jax.jit(functools.partial(squared_norm_and_gradients, cuda))(*args)
+    assert_close(actual, jax.jit(functools.partial(squared_norm_and_gradients, reference))(*args), jnp.float64)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])

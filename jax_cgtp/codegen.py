@@ -444,14 +444,8 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
         for n, (_, dim) in enumerate(joint.y_blocks):
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
     for x_offset, mul, dim, paths in joint.blocks:
-        w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
-          f"[{', '.join(str(p.ins_index) for p in paths)}]")
-        w("#pragma unroll 1")
-        w.open(f"for (int c = 0; c < {-(-mul // WARP)}; ++c)")
-        w("const int lc = c * 32 + lane;")
-        w(f"const bool active = lc < {mul};")
+        _open_joint_chunks(w, x_offset, mul, dim, paths)
         w("const bool live = ok && active;")
-        w(f"const int nrows = {mul} - c * 32 < 32 ? {mul} - c * 32 : 32;")
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
         if outs.keys() & {"y", "w", "z"}:  # the x chunk, shared by the block's paths
@@ -473,6 +467,17 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
     w.close()
 
 
+def _open_joint_chunks(w: _Writer, x_offset: int, mul: int, dim: int, paths) -> None:
+    """Open the loop over the 32-channel chunks of the x block at ``x_offset`` (lanes over ``u``)."""
+    w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
+      f"[{', '.join(str(p.ins_index) for p in paths)}]")
+    w("#pragma unroll 1")
+    w.open(f"for (int c = 0; c < {-(-mul // WARP)}; ++c)")
+    w("const int lc = c * 32 + lane;")
+    w(f"const bool active = lc < {mul};")
+    w(f"const int nrows = {mul} - c * 32 < 32 ? {mul} - c * 32 : 32;")
+
+
 def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
     """The joint forward of a convolution: per x block and chunk, the tile's edges in order, every
     path's z chunk accumulated in registers over a run of one destination, added atomically
@@ -483,13 +488,7 @@ def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
     w("// ---- joint forward, z scattered: each x chunk staged once per edge for all of its block's paths;")
     w("// the paths' z chunks stay in registers while the destination node stays the same")
     for x_offset, mul, dim, paths in joint.blocks:
-        w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
-          f"[{', '.join(str(p.ins_index) for p in paths)}]")
-        w("#pragma unroll 1")
-        w.open(f"for (int c = 0; c < {-(-mul // WARP)}; ++c)")
-        w("const int lc = c * 32 + lane;")
-        w(f"const bool active = lc < {mul};")
-        w(f"const int nrows = {mul} - c * 32 < 32 ? {mul} - c * 32 : 32;")
+        _open_joint_chunks(w, x_offset, mul, dim, paths)
         accumulators = [[f"gz{n}_{k}" for k in range(p.z_dim)] for n, p in enumerate(paths)]
         w(f"T {', '.join(a + ' = T(0)' for names in accumulators for a in names)};")
         w("long long cur = -1;")

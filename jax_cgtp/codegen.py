@@ -426,7 +426,6 @@ def _emit_products(w, schedule, slot: Slot, c: Contribution, suffix: str, m: int
 def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
     """A joint pass (:class:`~jax_cgtp.schedule.JointPass`): each edge's paths, block by block."""
     joint = schedule.joint
-    problem = schedule.call.problem
     outs = dict(joint.outputs)
     if "z" in outs and schedule.outputs[outs["z"]].kind != BATCHED:
         _emit_joint_scatter(w, schedule)
@@ -438,8 +437,7 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
     w("#pragma unroll 1")
     w.open("for (int t = 0; t < count; ++t)")
     _emit_edge_header(w, schedule)
-    for role, a in joint.arrays:
-        w(f"const T* const p_{role} = in{a} + {_row_of(schedule, role)} * {problem.operand_dim(role)}LL;  // {role} row")
+    _emit_joint_rows(w, schedule)
     if "y" in outs:
         for n, (_, dim) in enumerate(joint.y_blocks):
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
@@ -467,6 +465,13 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
     w.close()
 
 
+def _emit_joint_rows(w: _Writer, schedule: KernelSchedule) -> None:
+    """Pointers ``p_{role}`` to this edge's row of each input of a joint pass."""
+    problem = schedule.call.problem
+    for role, a in schedule.joint.arrays:
+        w(f"const T* const p_{role} = in{a} + {_row_of(schedule, role)} * {problem.operand_dim(role)}LL;  // {role} row")
+
+
 def _open_joint_chunks(w: _Writer, x_offset: int, mul: int, dim: int, paths) -> None:
     """Open the loop over the 32-channel chunks of the x block at ``x_offset`` (lanes over ``u``)."""
     w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
@@ -483,7 +488,6 @@ def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
     path's z chunk accumulated in registers over a run of one destination, added atomically
     when the destination changes (edges sorted by ``dst`` make one flush per node and tile)."""
     joint = schedule.joint
-    problem = schedule.call.problem
     w()
     w("// ---- joint forward, z scattered: each x chunk staged once per edge for all of its block's paths;")
     w("// the paths' z chunks stay in registers while the destination node stays the same")
@@ -502,8 +506,7 @@ def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
         w.close()
         w("cur = ix_z;")
         w("const bool live = active;")
-        for role, a in joint.arrays:
-            w(f"const T* const p_{role} = in{a} + {_row_of(schedule, role)} * {problem.operand_dim(role)}LL;  // {role} row")
+        _emit_joint_rows(w, schedule)
         staged = _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim))
         for path, names in zip(paths, accumulators):
             _emit_joint_path(w, schedule, path, names)

@@ -145,8 +145,9 @@ class JointPass:
     loads its operand chunks once. The forward (output ``z``, one path per z block) writes the
     path's z chunk at once; scattered by ``dst`` (a convolution) it instead walks the tile's
     edges inside each chunk, keeping every path's z chunk in registers while the destination
-    stays the same, and adds it atomically when it changes. The fused backward adds to x̄ (lanes), ȳ (per-lane partials,
-    summed over the warp at the end of the edge) and w̄ (lanes, written at once). ``outputs``
+    stays the same, and adds it atomically when it changes. The fused backward adds to x̄
+    (lanes), ȳ (per-lane partials, summed over the warp at the end of the edge) and w̄ (lanes,
+    written at once). ``outputs``
     and ``arrays`` map roles to kernel outputs and call inputs; ``blocks`` are
     ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)`` of the y blocks ȳ covers.
     """

@@ -59,8 +59,9 @@ def squared_norm_and_gradients(tp, x, y, w):
     return jax.value_and_grad(lambda *a: jnp.sum(tp(*a) ** 2), argnums=(0, 1, 2))(x, y, w)
 
 
-def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, shared=False):
-    """Inputs of ``conv``; the last 3 nodes receive no edge, ``bad_fraction`` of the edges are out of range."""
+def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, shared=False, sorted_by_dst=False):
+    """Inputs of ``conv``; the last 3 nodes receive no edge, ``bad_fraction`` of the edges are out
+    of range; ``sorted_by_dst`` orders the edges by destination (long runs of one node)."""
     keys = jax.random.split(key, 6)
     x = jax.random.normal(keys[0], (num_nodes, conv.irreps_in1.dim), dtype)
     y = jax.random.normal(keys[1], (num_edges, conv.irreps_in2.dim), dtype)
@@ -70,6 +71,10 @@ def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, share
     bad = jax.random.uniform(keys[5], (num_edges,)) < bad_fraction
     src = jnp.where(bad & (jnp.arange(num_edges) % 2 == 0), -1, src)
     dst = jnp.where(bad & (jnp.arange(num_edges) % 2 == 1), num_nodes + 5, dst)
+    if sorted_by_dst:
+        order = jnp.argsort(dst)
+        y, src, dst = y[order], src[order], dst[order]
+        w = w if shared else w[order]
     return x, y, w, src, dst
 
 

@@ -156,10 +156,7 @@ def test_convolution_matches_reference(deterministic, dtype, seed):
 def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst):
     """Scattered joint forward (runs of one destination, long when sorted) and joint backward."""
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv)
-    args = random_graph(jax.random.PRNGKey(43), cuda, 300, 5000, dtype, bad_fraction=0.05)
-    if sorted_by_dst:
-        order = jnp.argsort(args[4])
-        args = (args[0],) + tuple(a[order] for a in args[1:])
+    args = random_graph(jax.random.PRNGKey(43), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     expected = jax.jit(functools.partial(conv_members, reference, 300))(
         *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
     assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)

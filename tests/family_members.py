@@ -79,11 +79,16 @@ def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, share
 
 
 def conv_members(conv, num_nodes, x, y, w, src, dst):
-    """The convolution, its fused backward, and the force-training second derivative."""
+    """The convolution, its fused backward, and the force-training second derivative.
+
+    The energy is quadratic in the convolution and the cotangent is fixed: a saturating function
+    such as ``tanh`` would amplify the float32 rounding of the forward (``1 - tanh(z)^2``
+    cancels for large ``z``) beyond the tolerance the kernels are tested to."""
     out, vjp = jax.vjp(lambda *a: conv(*a, src, dst, num_nodes), x, y, w)
+    g = jax.random.normal(jax.random.PRNGKey(0), out.shape, jnp.float32).astype(out.dtype)
 
     def force_loss(w, x):
-        forces = jax.grad(lambda y: jnp.sum(jnp.tanh(conv(x, y, w, src, dst, num_nodes))))(y)
+        forces = jax.grad(lambda y: 0.5 * jnp.sum(conv(x, y, w, src, dst, num_nodes) ** 2))(y)
         return jnp.sum(forces ** 2)
 
-    return out, vjp(jnp.cos(out)), jax.grad(force_loss, argnums=(0, 1))(w, x)
+    return out, vjp(g), jax.grad(force_loss, argnums=(0, 1))(w, x)

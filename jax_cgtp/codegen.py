@@ -426,8 +426,10 @@ def _emit_products(w, schedule, slot: Slot, c: Contribution, suffix: str, m: int
 def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
     """A joint pass (:class:`~jax_cgtp.schedule.JointPass`): each edge's paths, block by block."""
     joint = schedule.joint
-    problem = schedule.call.problem
     outs = dict(joint.outputs)
+    if "z" in outs and schedule.outputs[outs["z"]].kind != BATCHED:
+        _emit_joint_scatter(w, schedule)
+        return
     w()
     kind = "forward" if "z" in outs else "backward"
     w(f"// ---- joint {kind}: " + ", ".join(f"out{k} ({r})" for r, k in joint.outputs)
@@ -435,20 +437,13 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
     w("#pragma unroll 1")
     w.open("for (int t = 0; t < count; ++t)")
     _emit_edge_header(w, schedule)
-    for role, a in joint.arrays:
-        w(f"const T* const p_{role} = in{a} + {_row_of(schedule, role)} * {problem.operand_dim(role)}LL;  // {role} row")
+    _emit_joint_rows(w, schedule)
     if "y" in outs:
         for n, (_, dim) in enumerate(joint.y_blocks):
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
     for x_offset, mul, dim, paths in joint.blocks:
-        w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
-          f"[{', '.join(str(p.ins_index) for p in paths)}]")
-        w("#pragma unroll 1")
-        w.open(f"for (int c = 0; c < {-(-mul // WARP)}; ++c)")
-        w("const int lc = c * 32 + lane;")
-        w(f"const bool active = lc < {mul};")
+        _open_joint_chunks(w, x_offset, mul, dim, paths)
         w("const bool live = ok && active;")
-        w(f"const int nrows = {mul} - c * 32 < 32 ? {mul} - c * 32 : 32;")
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
         if outs.keys() & {"y", "w", "z"}:  # the x chunk, shared by the block's paths
@@ -470,7 +465,64 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
     w.close()
 
 
-def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath) -> None:
+def _emit_joint_rows(w: _Writer, schedule: KernelSchedule) -> None:
+    """Pointers ``p_{role}`` to this edge's row of each input of a joint pass."""
+    problem = schedule.call.problem
+    for role, a in schedule.joint.arrays:
+        w(f"const T* const p_{role} = in{a} + {_row_of(schedule, role)} * {problem.operand_dim(role)}LL;  // {role} row")
+
+
+def _open_joint_chunks(w: _Writer, x_offset: int, mul: int, dim: int, paths) -> None:
+    """Open the loop over the 32-channel chunks of the x block at ``x_offset`` (lanes over ``u``)."""
+    w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
+      f"[{', '.join(str(p.ins_index) for p in paths)}]")
+    w("#pragma unroll 1")
+    w.open(f"for (int c = 0; c < {-(-mul // WARP)}; ++c)")
+    w("const int lc = c * 32 + lane;")
+    w(f"const bool active = lc < {mul};")
+    w(f"const int nrows = {mul} - c * 32 < 32 ? {mul} - c * 32 : 32;")
+
+
+def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
+    """The joint forward of a convolution: per x block and chunk, the tile's edges in order, every
+    path's z chunk accumulated in registers over a run of one destination, added atomically
+    when the destination changes (edges sorted by ``dst`` make one flush per node and tile)."""
+    joint = schedule.joint
+    w()
+    w("// ---- joint forward, z scattered: each x chunk staged once per edge for all of its block's paths;")
+    w("// the paths' z chunks stay in registers while the destination node stays the same")
+    for x_offset, mul, dim, paths in joint.blocks:
+        _open_joint_chunks(w, x_offset, mul, dim, paths)
+        accumulators = [[f"gz{n}_{k}" for k in range(p.z_dim)] for n, p in enumerate(paths)]
+        w(f"T {', '.join(a + ' = T(0)' for names in accumulators for a in names)};")
+        w("long long cur = -1;")
+        w("#pragma unroll 1")
+        w.open("for (int t = 0; t < count; ++t)")
+        _emit_edge_header(w, schedule)
+        w("if (!ok) continue;")
+        w.open("if (cur >= 0 && ix_z != cur)")
+        for path, names in zip(paths, accumulators):
+            _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, "cur")
+        w.close()
+        w("cur = ix_z;")
+        w("const bool live = active;")
+        _emit_joint_rows(w, schedule)
+        staged = _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim))
+        for path, names in zip(paths, accumulators):
+            _emit_joint_path(w, schedule, path, names)
+        if staged:
+            w("__syncwarp();")
+        w.close()
+        w.open("if (cur >= 0)")
+        for path, names in zip(paths, accumulators):
+            _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, "cur")
+        w.close()
+        w.close()
+
+
+def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_names=None) -> None:
+    """One path's contributions for the current edge and chunk; a forward adds to ``z_names``
+    when given (kept across edges), else writes the path's z chunk at once."""
     joint = schedule.joint
     problem = schedule.call.problem
     outs = dict(joint.outputs)
@@ -491,10 +543,13 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath) -> N
         by_k: dict[int, list[str]] = {}
         for i, j, k, v in path.nonzeros:
             by_k.setdefault(k, []).append(f"{_literal(v, dtype)} * x_{i} * y_{j}")
-        w(f"T {', '.join(f'gz_{k} = T(0)' for k in range(path.z_dim))};")
+        names = z_names or [f"gz_{k}" for k in range(path.z_dim)]
+        if z_names is None:
+            w(f"T {', '.join(f'{a} = T(0)' for a in names)};")
         for k, terms in sorted(by_k.items()):
-            w(f"gz_{k} += ({' + '.join(terms)}){weight};")
-        _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim)
+            w(f"{names[k]} += ({' + '.join(terms)}){weight};")
+        if z_names is None:
+            _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim)
         w.close()
         return
     staged = _emit_joint_chunk(w, schedule, "z", path.z_offset, path.z_dim, used[2])
@@ -535,25 +590,34 @@ def _emit_joint_chunk(w: _Writer, schedule: KernelSchedule, role: str, offset: i
     return staged
 
 
-def _emit_joint_flush(w: _Writer, schedule: KernelSchedule, role: str, offset: int, dim: int) -> None:
-    """Write (BATCHED) or atomically add (INDEXED) this chunk's ``g{role}_q`` to the block at ``offset``."""
+def _emit_joint_flush(w: _Writer, schedule: KernelSchedule, role: str, offset: int, dim: int,
+                      names=None, row: str | None = None) -> None:
+    """Write (BATCHED) or atomically add (INDEXED) this chunk's values (``names``, by default
+    ``g{role}_q``) to the block at ``offset`` of row ``row`` (by default this edge's row, guarded
+    by ``ok``); values added to an explicit ``row`` are reset to zero."""
     k = dict(schedule.joint.outputs)[role]
     out = schedule.outputs[k]
-    row = "e" if out.kind == BATCHED else f"ix_{role}"
-    guard = "" if out.kind == BATCHED else "ok && "
+    names = names or [f"g{role}_{q}" for q in range(dim)]
+    reset = row is not None
+    guard = "" if out.kind == BATCHED or reset else "ok && "
+    row = row or ("e" if out.kind == BATCHED else f"ix_{role}")
     op = f"cgtp_{out.flush}"
+    w.open("")
     w(f"T* const dst_{role} = out{k} + {row} * {out.dim}LL + {offset};")
     if dim == 1:
-        w(f"if ({guard}active) {op}(dst_{role} + lc, g{role}_0);")
-        return
-    w.open("if (active)")
-    for q in range(dim):
-        w(f"obuf[lane * {dim} + {q}] = g{role}_{q};")
+        w(f"if ({guard}active) {op}(dst_{role} + lc, {names[0]});")
+    else:
+        w.open("if (active)")
+        for q, a in enumerate(names):
+            w(f"obuf[lane * {dim} + {q}] = {a};")
+        w.close()
+        w("__syncwarp();")
+        w("#pragma unroll")
+        w.open(f"for (int r = 0; r < {dim}; ++r)")
+        w("const int q = r * 32 + lane;")
+        w(f"if ({guard}q < nrows * {dim}) {op}(dst_{role} + c * {WARP * dim} + q, obuf[q]);")
+        w.close()
+        w("__syncwarp();")
+    if reset:
+        w(" ".join(f"{a} = T(0);" for a in names))
     w.close()
-    w("__syncwarp();")
-    w("#pragma unroll")
-    w.open(f"for (int r = 0; r < {dim}; ++r)")
-    w("const int q = r * 32 + lane;")
-    w(f"if ({guard}q < nrows * {dim}) {op}(dst_{role} + c * {WARP * dim} + q, obuf[q]);")
-    w.close()
-    w("__syncwarp();")

@@ -143,8 +143,11 @@ class JointPass:
 
     Per edge, per x block and 32-channel chunk (lanes over ``u``), every path of the block
     loads its operand chunks once. The forward (output ``z``, one path per z block) writes the
-    path's z chunk at once. The fused backward adds to x̄ (lanes), ȳ (per-lane partials,
-    summed over the warp at the end of the edge) and w̄ (lanes, written at once). ``outputs``
+    path's z chunk at once; scattered by ``dst`` (a convolution) it instead walks the tile's
+    edges inside each chunk, keeping every path's z chunk in registers while the destination
+    stays the same, and adds it atomically when it changes. The fused backward adds to x̄
+    (lanes), ȳ (per-lane partials, summed over the warp at the end of the edge) and w̄ (lanes,
+    written at once). ``outputs``
     and ``arrays`` map roles to kernel outputs and call inputs; ``blocks`` are
     ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)`` of the y blocks ȳ covers.
     """
@@ -333,7 +336,8 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
 
     It applies when every path is ``uvu`` with a one-channel y block (spherical harmonics),
     every output has one term over the same inputs, and the launch is the forward (z BATCHED,
-    one path per z block) or a backward producing at least two of x̄, ȳ, w̄.
+    or INDEXED: a convolution, non-deterministic; one path per z block) or a backward
+    producing at least two of x̄, ȳ, w̄.
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if call.deterministic or len(roles) != len(outputs):
@@ -341,7 +345,7 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
     forward = set(roles) == {"z"}
     if not forward and ("z" in roles or len(roles) < 2):
         return None
-    allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,), "z": (BATCHED,)}
+    allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,), "z": (BATCHED, INDEXED)}
     if any(o.kind not in allowed[o.role] for o in outputs):
         return None
     arrays: dict[str, int] = {}

@@ -83,11 +83,15 @@ def test_joint_forward_and_backward_match_reference():
     assert_close(actual, jax.jit(functools.partial(members, reference))(x, y, w, g), jnp.float64)
 
 
-def test_joint_backward_of_the_convolution_matches_reference():
-    """x̄ by atomics into source nodes; the deterministic variant keeps its segment launches."""
+@pytest.mark.parametrize("sorted_by_dst", [False, True])
+def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst):
+    """z scattered by atomics per run of one destination (long runs when sorted by dst), x̄ by
+    atomics into source nodes; the deterministic variant keeps its segment launches."""
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
-    args = random_graph(jax.random.PRNGKey(41), kernels, 9, 50, jnp.float64, bad_fraction=0.1)
+    args = random_graph(jax.random.PRNGKey(41), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
+                        sorted_by_dst=sorted_by_dst)
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
-    assert any(k.joint is not None for k in kernel_emulator.launched()[before:])
+    joint = [dict(k.joint.outputs) for k in kernel_emulator.launched()[before:] if k.joint is not None]
+    assert {"z": 0} in joint and {"x": 0, "y": 1, "w": 2} in joint
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)

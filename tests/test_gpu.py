@@ -152,9 +152,11 @@ def test_convolution_matches_reference(deterministic, dtype, seed):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_joint_backward_of_the_convolution_matches_reference(dtype):
+@pytest.mark.parametrize("sorted_by_dst", [False, True])
+def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst):
+    """Scattered joint forward (runs of one destination, long when sorted) and joint backward."""
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv)
-    args = random_graph(jax.random.PRNGKey(43), cuda, 300, 5000, dtype, bad_fraction=0.05)
+    args = random_graph(jax.random.PRNGKey(43), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     expected = jax.jit(functools.partial(conv_members, reference, 300))(
         *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
     assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)

@@ -116,6 +116,9 @@ def _emit_prologue(w: _Writer, schedule: KernelSchedule) -> None:
         offset += size
     if schedule.transpose_size:
         w(f"T* const obuf = warp_smem + {offset};  // output transposition")
+        offset += schedule.transpose_size
+    if schedule.edge_sums_size:
+        w(f"T* const ysum = warp_smem + {offset};  // the tile's ȳ rows, summed over chunks")
     w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
     w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
 
@@ -427,8 +430,8 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
     """A joint pass (:class:`~jax_cgtp.schedule.JointPass`): each edge's paths, block by block."""
     joint = schedule.joint
     outs = dict(joint.outputs)
-    if "z" in outs and schedule.outputs[outs["z"]].kind != BATCHED:
-        _emit_joint_scatter(w, schedule)
+    if joint.by_destination:
+        (_emit_joint_scatter if "z" in outs else _emit_joint_gather)(w, schedule)
         return
     w()
     kind = "forward" if "z" in outs else "backward"
@@ -520,9 +523,117 @@ def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
         w.close()
 
 
+def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
+    """The joint backward of a convolution: per x block and chunk, the tile's edges in order.
+    The block's z̄ chunks are staged in shared memory when the destination changes (edges sorted
+    by ``dst``: once per node and tile); x̄ is added atomically per edge, w̄ written per edge, and
+    each edge's ȳ summed over the warp into the tile's rows in shared memory, stored at the end."""
+    joint = schedule.joint
+    outs = dict(joint.outputs)
+    y_dim = schedule.call.problem.operand_dim("y")
+    w()
+    w("// ---- joint backward, z̄ gathered: " + ", ".join(f"out{k} ({r})" for r, k in joint.outputs)
+      + "; the block's z̄ chunks stay staged while the destination node stays the same")
+    if "y" in outs:
+        w(f"for (int q = lane; q < {WARP * y_dim}; q += 32) ysum[q] = T(0);")
+        w("__syncwarp();")
+    for x_offset, mul, dim, paths in joint.blocks:
+        _open_joint_chunks(w, x_offset, mul, dim, paths)
+        w("long long cur = -1;")
+        w("#pragma unroll 1")
+        w.open("for (int t = 0; t < count; ++t)")
+        _emit_edge_header(w, schedule)
+        w.open("if (!ok)")
+        if "w" in outs:
+            out = schedule.outputs[outs["w"]]
+            for path in paths:
+                if path.w_offset is not None:
+                    w(f"if (active) out{outs['w']}[e * {out.dim}LL + {path.w_offset} + lc] = T(0);")
+        w("continue;")
+        w.close()
+        w("const bool live = active;")
+        _emit_joint_rows(w, schedule)
+        w.open("if (ix_z != cur)")
+        w("cur = ix_z;")
+        w("__syncwarp();")
+        staged_z, offset = [], 0
+        for path in paths:
+            width = _stage_width(path.z_dim)
+            w(f"cgtp_stage<{path.z_dim}, {width}>(stage_z + {offset}, p_z + {path.z_offset} + c * "
+              f"{WARP * path.z_dim}LL, nrows * {path.z_dim}, lane);")
+            staged_z.append([f"(live ? stage_z[{offset} + lane * {width} + {k}] : T(0))" for k in range(path.z_dim)])
+            offset += WARP * width
+        w("__syncwarp();")
+        w.close()
+        if "x" in outs:
+            w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
+        y_sums = _block_y_sums(joint, paths) if "y" in outs else []
+        for n in sorted({n for n, _ in y_sums if n is not None}):
+            w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};")
+        staged = _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim))
+        for path, z_values in zip(paths, staged_z):
+            _emit_joint_path(w, schedule, path, z_values)
+        if staged:
+            w("__syncwarp();")
+        if "x" in outs:
+            _emit_joint_flush(w, schedule, "x", x_offset, dim)
+        if y_sums:
+            lo = min(joint.y_blocks[n][0] for n, _ in y_sums if n is not None)
+            values = [f"gy{n}_{q}" if n is not None else "T(0)" for n, q in y_sums]
+            _emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]")
+        w.close()
+        w.close()
+    if "y" in outs:
+        out = schedule.outputs[outs["y"]]
+        w("__syncwarp();")
+        w(f"for (int q = lane; q < count * {y_dim}; q += 32) out{outs['y']}[first * {out.dim}LL + q] = ysum[q];")
+        w("__syncwarp();")
+
+
+def _block_y_sums(joint, paths) -> list[tuple[int | None, int]]:
+    """The ȳ components an x block's paths reach, as ``(y block index, component)`` over the
+    contiguous range they span (``(None, 0)`` for a component in a gap)."""
+    reached = sorted({joint.y_blocks.index((p.y_offset, p.y_dim)) for p in paths})
+    by_offset = {}
+    for n in reached:
+        offset, dim = joint.y_blocks[n]
+        by_offset.update({offset + q: (n, q) for q in range(dim)})
+    return [by_offset.get(c, (None, 0)) for c in range(min(by_offset), max(by_offset) + 1)]
+
+
+def _emit_transposed_sum(w: _Writer, values: list[str], target: str, close: str) -> None:
+    """Add the warp sum of each of ``values`` (per-lane partials) to ``{target}q{close}``, q its
+    position. Up to 32 values at a time by a transposed butterfly: at each step the lanes with
+    the offset bit set keep the upper half of their values and receive that half from their
+    partner, so V values take V - 1 shuffles (plus one per remaining step) instead of 5 V."""
+    for start in range(0, len(values), WARP):
+        group = values[start:start + WARP]
+        p = max(0, (len(group) - 1).bit_length())
+        regs = [f"s_{q}" for q in range(1 << p)]
+        w.open("")
+        w(" ".join(f"T {r} = {v};" for r, v in zip(regs, group + ["T(0)"] * (len(regs) - len(group)))))
+        offset, count = 16, len(regs)
+        while count > 1:
+            half = count // 2
+            w(f"const bool up{offset} = (lane & {offset}) != 0;")
+            for i in range(half):
+                w(f"{regs[i]} = (up{offset} ? {regs[i + half]} : {regs[i]}) + "
+                  f"__shfl_xor_sync(CGTP_FULL_MASK, up{offset} ? {regs[i]} : {regs[i + half]}, {offset});")
+            offset, count = offset // 2, half
+        while offset >= 1:
+            w(f"s_0 += __shfl_xor_sync(CGTP_FULL_MASK, s_0, {offset});")
+            offset //= 2
+        shift = 5 - p
+        w(f"const int q = lane >> {shift};")
+        mask = (1 << shift) - 1
+        w(f"if ({f'(lane & {mask}) == 0 && ' if mask else ''}q < {len(group)}) {target}{start} + q{close} += s_0;")
+        w.close()
+
+
 def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_names=None) -> None:
-    """One path's contributions for the current edge and chunk; a forward adds to ``z_names``
-    when given (kept across edges), else writes the path's z chunk at once."""
+    """One path's contributions for the current edge and chunk. ``z_names`` hold the path's z
+    chunk across edges: registers a forward adds to (else it writes the chunk at once), or the
+    staged z̄ elements a backward reads (else it loads the chunk)."""
     joint = schedule.joint
     problem = schedule.call.problem
     outs = dict(joint.outputs)
@@ -552,7 +663,11 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_na
             _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim)
         w.close()
         return
-    staged = _emit_joint_chunk(w, schedule, "z", path.z_offset, path.z_dim, used[2])
+    if z_names is None:
+        staged = _emit_joint_chunk(w, schedule, "z", path.z_offset, path.z_dim, used[2])
+    else:
+        staged = False
+        w(" ".join(f"const T z_{k} = {z_names[k]};" for k in used[2]))
     if "x" in outs:
         by_i: dict[int, list[str]] = {}
         for i, j, k, v in path.nonzeros:
@@ -575,11 +690,16 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_na
     w.close()
 
 
+def _stage_width(dim: int) -> int:
+    """Row stride of a staged chunk: odd, so that lane-strided reads hit distinct banks."""
+    return dim if dim % 2 else dim + 1
+
+
 def _emit_joint_chunk(w: _Writer, schedule: KernelSchedule, role: str, offset: int, dim: int, comps) -> bool:
     """Registers ``{role}_q`` (q in ``comps``) of this lane's channel in the block at ``offset``,
     read through the warp's staging buffer when rows are wider than one; True if staged."""
     staged = dim > 1 and role in dict(schedule.stage_sizes)
-    width = dim if dim % 2 else dim + 1
+    width = _stage_width(dim)
     if staged:
         w(f"if (ok) cgtp_stage<{dim}, {width}>(stage_{role}, p_{role} + {offset} + c * {WARP * dim}LL, "
           f"nrows * {dim}, lane);")

@@ -143,12 +143,17 @@ class JointPass:
 
     Per edge, per x block and 32-channel chunk (lanes over ``u``), every path of the block
     loads its operand chunks once. The forward (output ``z``, one path per z block) writes the
-    path's z chunk at once; scattered by ``dst`` (a convolution) it instead walks the tile's
-    edges inside each chunk, keeping every path's z chunk in registers while the destination
-    stays the same, and adds it atomically when it changes. The fused backward adds to x̄
-    (lanes), ȳ (per-lane partials, summed over the warp at the end of the edge) and w̄ (lanes,
-    written at once). ``outputs``
-    and ``arrays`` map roles to kernel outputs and call inputs; ``blocks`` are
+    path's z chunk at once. The fused backward adds to x̄ (lanes), ȳ (per-lane partials, summed
+    over the warp) and w̄ (lanes, written at once).
+
+    ``by_destination`` (a convolution, ``z`` or ``z̄`` indexed by ``dst``): inside each chunk the
+    pass walks the tile's edges in order and keeps every path's z chunk while the destination
+    stays the same. The forward accumulates it in registers and adds it atomically when the
+    destination changes; the backward stages the block's ``z̄[dst]`` chunks in shared memory
+    once per run and sums each edge's ȳ over the chunks in shared memory. Edges sorted by
+    ``dst`` make one run per node and tile.
+
+    ``outputs`` and ``arrays`` map roles to kernel outputs and call inputs; ``blocks`` are
     ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)`` of the y blocks ȳ covers.
     """
 
@@ -156,6 +161,7 @@ class JointPass:
     arrays: tuple[tuple[str, int], ...]
     blocks: tuple[tuple[int, int, int, tuple[JointPath, ...]], ...]
     y_blocks: tuple[tuple[int, int], ...]
+    by_destination: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +180,7 @@ class KernelSchedule:
     transpose_size: int  # shared-memory elements per warp for output transposition
     warps_per_block: int
     joint: JointPass | None = None  # replaces the slots when set
+    edge_sums_size: int = 0  # shared-memory elements per warp summing a by-destination pass's ȳ rows
 
     @property
     def itemsize(self) -> int:
@@ -181,7 +188,7 @@ class KernelSchedule:
 
     @property
     def smem_per_warp(self) -> int:
-        return sum(size for _, size in self.stage_sizes) + self.transpose_size
+        return sum(size for _, size in self.stage_sizes) + self.transpose_size + self.edge_sums_size
 
     @property
     def shared_bytes(self) -> int:
@@ -376,13 +383,17 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
         if paths:
             blocks.append((problem.irreps_in1[:i1].dim, mul_ir.mul, mul_ir.ir.dim, tuple(paths)))
     y_blocks = sorted({(p.y_offset, p.y_dim) for _, _, _, paths in blocks for p in paths})
-    return JointPass(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(blocks), tuple(y_blocks))
+    by_destination = call.kind("z") == INDEXED
+    return JointPass(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(blocks), tuple(y_blocks),
+                     by_destination)
 
 
-def _joint_buffers(joint: JointPass) -> tuple[dict[str, int], int]:
+def _joint_buffers(joint: JointPass, y_dim: int) -> tuple[dict[str, int], int, int]:
     """Shared-memory elements per warp of a joint pass: the staged x (and, backward, z̄) chunks,
-    and the transposition buffer of the outputs written by lanes (x̄ or z)."""
-    backward = "z" not in dict(joint.outputs)
+    the transposition buffer of the outputs written by lanes (x̄ or z), and the ȳ rows of the
+    tile that a by-destination backward sums chunk by chunk."""
+    outputs = dict(joint.outputs)
+    backward = "z" not in outputs
     stage: dict[str, int] = {}
     transpose = 0
     for _, _, x_dim, paths in joint.blocks:
@@ -393,7 +404,10 @@ def _joint_buffers(joint: JointPass) -> tuple[dict[str, int], int]:
             out_dim = x_dim if backward else p.z_dim
             if out_dim > 1:
                 transpose = max(transpose, WARP * out_dim)
-    return stage, transpose
+        if backward and joint.by_destination:  # the z̄ chunks of all of the block's paths at once
+            stage["z"] = max(stage.get("z", 0), sum(WARP * _stage_width(p.z_dim, 1) for p in paths))
+    edge_sums = WARP * y_dim if joint.by_destination and "y" in outputs else 0
+    return stage, transpose, edge_sums
 
 
 def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
@@ -475,8 +489,9 @@ def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEX
             default=0,
         )
         joint = None if segment_role else _joint_pass(call, outputs)
+        edge_sums = 0
         if joint is not None:
-            stage, transpose = _joint_buffers(joint)
+            stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"))
         schedules.append(KernelSchedule(
             call, dtype, index_dtype, tuple(outputs), tuple(slots),
             "segments" if segment_role else "tiles",
@@ -486,5 +501,6 @@ def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEX
             transpose,
             WARPS_PER_BLOCK,
             joint,
+            edge_sums,
         ))
     return schedules

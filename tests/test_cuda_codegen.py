@@ -75,6 +75,22 @@ def test_fused_backward_of_spherical_harmonics_paths_is_one_joint_pass():
     assert kernel.joint is None  # other modes run output by output
 
 
+@pytest.mark.parametrize("dtype", ["float", "double"])
+def test_convolution_backward_keeps_each_destination_staged(dtype):
+    """z̄ is gathered by dst: the joint backward stages a block's z̄ chunks once per run of one
+    destination and sums ȳ over chunks in shared memory, with one transposed warp sum per edge."""
+    kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
+    (kernel,) = schedule.plan(backward_call(mace_problem(), kinds, rows=(10, None, None, 10)), dtype, "int")
+    assert kernel.joint.by_destination and kernel.edge_sums_size == schedule.WARP * 16
+    source = codegen.generate(kernel)
+    assert "z̄ gathered" in source and "if (ix_z != cur)" in source
+    assert source.count("__shfl_xor_sync(CGTP_FULL_MASK, up16") == 3 * 8  # 16 ȳ values per x block
+    if nvrtc.available():
+        assert nvrtc.compile_cubin(source, "sm_90", "the convolution's joint backward")
+    (batched,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), dtype, "int")
+    assert not batched.joint.by_destination and batched.edge_sums_size == 0
+
+
 def test_deterministic_convolution_reduces_each_node_in_one_warp():
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     call = backward_call(mace_problem(), kinds, rows=(10, None, None, 10), deterministic=True)

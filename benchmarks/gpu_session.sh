@@ -20,11 +20,13 @@
 #                                     stopped after LARGE_SECONDS, default 240)
 #   --e2e            [RUN_E2E=1]      run examples/bench_e2e.py (MD and training step, jax_cgtp vs
 #                                     e3nn-jax; needs the ase and matscipy wheels in .whl) after the tests,
-#                                     stopped after E2E_SECONDS (default 300)
+#                                     stopped after E2E_SECONDS (default 300); E2E_ARGS (word-split) go
+#                                     to bench_e2e.py, e.g. "--workloads train --profile 25"
 #   --seconds N      [SESSION_SECONDS] the call's time limit (default 570): the benchmark starts no
 #                    new group of rows after N - 90 s from the start of this script, so its
 #                    files are written before the device tool stops the call
-# A copy of the tree without .git cannot name its commit: pass JAX_CGTP_GIT_COMMIT=<sha[-dirty]>.
+# A copy of the tree without .git cannot name its commit, and the device's copy of .git can be
+# stale: pass JAX_CGTP_GIT_COMMIT=<sha[-dirty]> as a literal, taken from this machine's checkout.
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
 # gpu-tests-large.log, e2e.txt, bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png.
 set -uo pipefail
@@ -136,7 +138,7 @@ fi
 
 if [ "$RUN_E2E" = 1 ]; then
   step "examples/bench_e2e.py (log: e2e.txt)"
-  (cd examples && timeout "${E2E_SECONDS:-300}" python3 bench_e2e.py) 2>&1 | tee "$OUT/e2e.txt" | tail -n 20
+  (cd examples && timeout "${E2E_SECONDS:-300}" python3 bench_e2e.py ${E2E_ARGS:-}) 2>&1 | tee "$OUT/e2e.txt" | tail -n 20
   echo "bench_e2e exit status ${PIPESTATUS[0]}" | tee -a "$SETUP"
 fi
 

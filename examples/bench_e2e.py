@@ -12,6 +12,9 @@ For each pair it prints the compile time, the median step time, XLA's memory pla
 compiled step (arguments + outputs + temporaries) and, on a GPU, the device's peak bytes in
 use. Each measurement runs in its own process so the peaks do not mix (``--inline`` runs
 them in this process, e.g. for a quick CPU check). The last columns compare with e3nn-jax.
+``--profile N`` also traces the timed steps with ``jax.profiler`` and lists the N XLA ops with
+the most device time per step (on a CPU, the time of the ops' thunks), each with its
+custom-call target: where a step's time goes, kernel by kernel.
 
     python examples/bench_e2e.py --smoke --inline       # seconds on CPU
     python examples/bench_e2e.py                        # on the GPU: the table for the README
@@ -20,11 +23,15 @@ them in this process, e.g. for a quick CPU check). The last columns compare with
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -85,12 +92,46 @@ def measure(workload: str, backend: str, args) -> dict:
         plan.argument_size_in_bytes + plan.output_size_in_bytes + plan.temp_size_in_bytes - plan.alias_size_in_bytes
     )
     stats = jax.devices()[0].memory_stats() or {}
+    profile = op_profile(compiled, inputs, args.iters, args.profile) if args.profile else None
     return {
         "workload": workload, "backend": backend, "device": jax.devices()[0].device_kind,
         "atoms": atoms, "edges": edges, "compile_s": compile_s,
         "step_ms": 1e3 * float(np.median(times)), "planned_bytes": planned,
-        "peak_bytes": stats.get("peak_bytes_in_use"), "value": scalar(output),
+        "peak_bytes": stats.get("peak_bytes_in_use"), "value": scalar(output), "profile": profile,
     }
+
+
+def op_profile(compiled, inputs, iters: int, top: int) -> list[dict]:
+    """The ``top`` XLA ops of ``compiled`` by traced time per step: ``{op, target, calls, ms}``.
+
+    Events are read from the trace's device plane (the host plane without a GPU) by their
+    ``hlo_op`` stat; ``target`` is the op's custom-call target, or the op's kind otherwise."""
+    from jax.profiler import ProfileData
+
+    folder = tempfile.mkdtemp(prefix="bench_e2e_profile_")
+    with jax.profiler.trace(folder):
+        for _ in range(iters):
+            jax.block_until_ready(compiled(*inputs))
+    (path,) = glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True)
+    planes = list(ProfileData.from_file(path).planes)
+    device = [p for p in planes if p.name.startswith("/device:GPU")] or [p for p in planes if p.name == "/host:CPU"]
+    calls, nanoseconds = collections.Counter(), collections.Counter()
+    for plane in device:
+        for line in plane.lines:
+            for event in line.events:
+                op = dict(event.stats).get("hlo_op")
+                if op and not event.name.startswith("end: "):
+                    calls[op] += 1
+                    nanoseconds[op] += event.duration_ns
+    hlo = compiled.as_text()
+    rows = []
+    for op, total in nanoseconds.most_common(top):
+        line = re.search(rf"%?{re.escape(op)} = [^\n]*", hlo)
+        target = re.search(r'custom_call_target="([^"]+)"', line.group(0)) if line else None
+        kind = re.search(r"= \S+ (\S+?)\(", line.group(0)) if line else None
+        rows.append({"op": op, "target": target.group(1) if target else (kind.group(1) if kind else "?"),
+                     "calls": calls[op] / iters, "ms": total / iters / 1e6})
+    return rows
 
 
 def measure_isolated(workload: str, backend: str, argv: list[str]) -> dict:
@@ -124,6 +165,15 @@ def table(results: list[dict], reference: str = "e3nn") -> str:
     return "\n".join(lines)
 
 
+def profile_table(result: dict) -> str:
+    """The ops of one (workload, backend) pair with the most traced time per step."""
+    lines = [f"{result['workload']} on {result['backend']}: ops by traced time per step (step {result['step_ms']:.2f} ms)",
+             f"{'ms/step':>9} {'calls':>6}  op (custom-call target or kind)"]
+    for row in result["profile"]:
+        lines.append(f"{row['ms']:9.3f} {row['calls']:6.1f}  {row['op']} ({row['target']})")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -137,6 +187,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--batch-size", type=int, default=8, help="copper structures per training batch")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--inline", action="store_true", help="measure in this process (peaks mix)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also list the N ops with the most traced time per step")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:
@@ -157,6 +209,9 @@ def main(argv=None) -> list[dict]:
     print(f"\ndevice: {results[0]['device']}; model: channels {args.channels if not args.smoke else 4}, "
           f"lmax {args.lmax if not args.smoke else 1}, layers {args.layers if not args.smoke else 1}\n")
     print(table(results))
+    for result in results:
+        if result["profile"]:
+            print("\n" + profile_table(result))
     return results
 
 

@@ -16,6 +16,7 @@ from family_members import (assert_close, conv_members, members, pair, random_gr
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
+from jax_cgtp import schedule
 from jax_cgtp.problem import MODES
 
 import kernel_emulator
@@ -48,8 +49,12 @@ def test_every_member_matches_reference(seed):
     assert_close(actual, expected, dtype)
 
 
-@pytest.mark.parametrize("batch", [0, 1, 40, 1500])
-def test_batch_sizes_and_shared_weight_tiles(batch):
+@pytest.mark.parametrize("batch", [0, 1, 40, 150])
+def test_batch_sizes_and_shared_weight_tiles(batch, monkeypatch):
+    """With 4 partial blocks (16 warps) instead of 256, 40 and 150 rows of shared weights take
+    tiles of 4 and 16 edges, and fill the capped grid, at a fraction of the emulation's cost."""
+    monkeypatch.setattr(schedule, "MAX_PARTIAL_BLOCKS", 4)
+    assert [schedule.shared_tile_for(n) for n in (1, 40, 150)] == [1, 4, 16]
     spec = random_problem(820, mode="uvw", lmax=1)
     kernels, reference = pair(spec, kernels="auto")
     args = random_inputs(jax.random.PRNGKey(batch), spec, (batch,), kernels.weight_numel, jnp.float64, True)

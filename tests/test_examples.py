@@ -136,7 +136,7 @@ def test_train_example_fits_and_saves(tmp_path):
 
 
 def test_bench_e2e_compares_the_backends():
-    results = bench_e2e.main(["--smoke", "--inline", "--iters", "1", "--workloads", "md"])
+    results = bench_e2e.main(["--smoke", "--inline", "--iters", "1", "--workloads", "md", "--profile", "3"])
     by_pair = {(r["workload"], r["backend"]): r for r in results}
     cueq = importlib.util.find_spec("cuequivariance_jax") is not None
     assert set(by_pair) == {("md", "auto"), ("md", "e3nn")} | ({("md", "cueq")} if cueq else set())
@@ -144,3 +144,4 @@ def test_bench_e2e_compares_the_backends():
     for ours in by_pair.values():
         assert ours["step_ms"] > 0 and ours["planned_bytes"] > 0
         assert abs(ours["value"] - theirs["value"]) <= 1e-6 * max(1.0, abs(theirs["value"]))
+        assert len(ours["profile"]) == 3 and all(row["ms"] > 0 and row["target"] != "?" for row in ours["profile"])

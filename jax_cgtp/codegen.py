@@ -459,12 +459,8 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
         w.close()
     if "y" in outs:
         out = schedule.outputs[outs["y"]]
-        for n, (offset, dim) in enumerate(joint.y_blocks):
-            names = [f"gy{n}_{q}" for q in range(dim)]
-            w(" ".join(f"{a} = cgtp_warp_sum({a});" for a in names))
-            w(f"T vy{n} = T(0);")
-            w(" ".join(f"if (lane == {q}) vy{n} = {a};" for q, a in enumerate(names)))
-            w(f"if (lane < {dim}) out{outs['y']}[e * {out.dim}LL + {offset} + lane] = vy{n};")
+        lo, values = _y_sum_values(joint, range(len(joint.y_blocks)))
+        _emit_transposed_sum(w, values, f"out{outs['y']}[e * {out.dim}LL + {lo} + ", "]", "=")
     w.close()
 
 
@@ -567,8 +563,8 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
         w.close()
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
-        y_sums = _block_y_sums(joint, paths) if "y" in outs else []
-        for n in sorted({n for n, _ in y_sums if n is not None}):
+        reached = sorted({joint.y_blocks.index((p.y_offset, p.y_dim)) for p in paths}) if "y" in outs else []
+        for n in reached:
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};")
         staged = _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim))
         for path, z_values in zip(paths, staged_z):
@@ -577,10 +573,9 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
             w("__syncwarp();")
         if "x" in outs:
             _emit_joint_flush(w, schedule, "x", x_offset, dim)
-        if y_sums:
-            lo = min(joint.y_blocks[n][0] for n, _ in y_sums if n is not None)
-            values = [f"gy{n}_{q}" if n is not None else "T(0)" for n, q in y_sums]
-            _emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]")
+        if reached:
+            lo, values = _y_sum_values(joint, reached)
+            _emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
         w.close()
         w.close()
     if "y" in outs:
@@ -590,20 +585,20 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
         w("__syncwarp();")
 
 
-def _block_y_sums(joint, paths) -> list[tuple[int | None, int]]:
-    """The ȳ components an x block's paths reach, as ``(y block index, component)`` over the
-    contiguous range they span (``(None, 0)`` for a component in a gap)."""
-    reached = sorted({joint.y_blocks.index((p.y_offset, p.y_dim)) for p in paths})
+def _y_sum_values(joint, reached) -> tuple[int, list[str]]:
+    """The ȳ accumulators of the y blocks ``reached`` (indices into ``joint.y_blocks``) over the
+    contiguous range of components they span: ``(first component, values)``, ``T(0)`` in gaps."""
     by_offset = {}
     for n in reached:
         offset, dim = joint.y_blocks[n]
-        by_offset.update({offset + q: (n, q) for q in range(dim)})
-    return [by_offset.get(c, (None, 0)) for c in range(min(by_offset), max(by_offset) + 1)]
+        by_offset.update({offset + q: f"gy{n}_{q}" for q in range(dim)})
+    lo = min(by_offset)
+    return lo, [by_offset.get(c, "T(0)") for c in range(lo, max(by_offset) + 1)]
 
 
-def _emit_transposed_sum(w: _Writer, values: list[str], target: str, close: str) -> None:
-    """Add the warp sum of each of ``values`` (per-lane partials) to ``{target}q{close}``, q its
-    position. Up to 32 values at a time by a transposed butterfly: at each step the lanes with
+def _emit_transposed_sum(w: _Writer, values: list[str], target: str, close: str, op: str) -> None:
+    """Write (``op`` "=") or add ("+=") the warp sum of each of ``values`` (per-lane partials) to
+    ``{target}q{close}``, q its position. Up to 32 values at a time by a transposed butterfly: at each step the lanes with
     the offset bit set keep the upper half of their values and receive that half from their
     partner, so V values take V - 1 shuffles (plus one per remaining step) instead of 5 V."""
     for start in range(0, len(values), WARP):
@@ -626,7 +621,7 @@ def _emit_transposed_sum(w: _Writer, values: list[str], target: str, close: str)
         shift = 5 - p
         w(f"const int q = lane >> {shift};")
         mask = (1 << shift) - 1
-        w(f"if ({f'(lane & {mask}) == 0 && ' if mask else ''}q < {len(group)}) {target}{start} + q{close} += s_0;")
+        w(f"if ({f'(lane & {mask}) == 0 && ' if mask else ''}q < {len(group)}) {target}{start} + q{close} {op} s_0;")
         w.close()
 
 

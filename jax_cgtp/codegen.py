@@ -522,8 +522,10 @@ def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
 def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
     """The joint backward of a convolution: per x block and chunk, the tile's edges in order.
     The block's z̄ chunks are staged in shared memory when the destination changes (edges sorted
-    by ``dst``: once per node and tile); x̄ is added atomically per edge, w̄ written per edge, and
-    each edge's ȳ summed over the warp into the tile's rows in shared memory, stored at the end."""
+    by ``dst``: once per node and tile). The x chunk stays in registers, and x̄ accumulates,
+    while the source stays the same; x̄ is flushed (atomically, or by the warp that owns a
+    deterministic launch's source run) when it changes. w̄ is written per edge, and each edge's
+    ȳ summed over the warp into the tile's rows in shared memory, stored at the end."""
     joint = schedule.joint
     outs = dict(joint.outputs)
     y_dim = schedule.call.problem.operand_dim("y")
@@ -535,7 +537,10 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
         w("__syncwarp();")
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
-        w("long long cur = -1;")
+        w("long long cur = -1, cur_x = -1;")
+        w(f"T {', '.join(f'xr_{q} = T(0)' for q in range(dim))};")
+        if "x" in outs:
+            w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
         w("#pragma unroll 1")
         w.open("for (int t = 0; t < count; ++t)")
         _emit_edge_header(w, schedule)
@@ -561,27 +566,43 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
             offset += WARP * width
         w("__syncwarp();")
         w.close()
+        w.open("if (ix_x != cur_x)")
         if "x" in outs:
-            w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
+            w.open("if (cur_x >= 0)")
+            _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x")
+            w.close()
+        w("cur_x = ix_x;")
+        w.open("")
+        if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim)):
+            w("__syncwarp();")
+        w(" ".join(f"xr_{q} = x_{q};" for q in range(dim)))
+        w.close()
+        w.close()
+        w(" ".join(f"const T x_{q} = xr_{q};" for q in range(dim)))
         reached = sorted({joint.y_blocks.index((p.y_offset, p.y_dim)) for p in paths}) if "y" in outs else []
         for n in reached:
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};")
-        staged = _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim))
         for path, z_values in zip(paths, staged_z):
             _emit_joint_path(w, schedule, path, z_values)
-        if staged:
-            w("__syncwarp();")
-        if "x" in outs:
-            _emit_joint_flush(w, schedule, "x", x_offset, dim)
         if reached:
             lo, values = _y_sum_values(joint, reached)
             _emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
         w.close()
+        if "x" in outs:
+            w.open("if (cur_x >= 0)")
+            _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x")
+            w.close()
         w.close()
     if "y" in outs:
         out = schedule.outputs[outs["y"]]
         w("__syncwarp();")
-        w(f"for (int q = lane; q < count * {y_dim}; q += 32) out{outs['y']}[first * {out.dim}LL + q] = ysum[q];")
+        if schedule.tiling == "segments":  # the edges of a node's run: rows of the sorted permutation
+            w.open("for (int t = 0; t < count; ++t)")
+            w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
+            w(f"for (int q = lane; q < {y_dim}; q += 32) out{outs['y']}[e * {out.dim}LL + q] = ysum[t * {y_dim} + q];")
+            w.close()
+        else:  # a tile's edges are consecutive rows
+            w(f"for (int q = lane; q < count * {y_dim}; q += 32) out{outs['y']}[first * {out.dim}LL + q] = ysum[q];")
         w("__syncwarp();")
 
 

@@ -343,11 +343,12 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
 
     It applies when every path is ``uvu`` with a one-channel y block (spherical harmonics),
     every output has one term over the same inputs, and the launch is the forward (z BATCHED,
-    or INDEXED: a convolution, non-deterministic; one path per z block) or a backward
-    producing at least two of x̄, ȳ, w̄.
+    or INDEXED: a convolution; one path per z block) or a backward producing at least two of
+    x̄, ȳ, w̄. A deterministic convolution's launch walks one node's sorted edges at a time, so
+    its scattered rows belong to the warp (flushed by read-modify-write, not atomics).
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
-    if call.deterministic or len(roles) != len(outputs):
+    if len(roles) != len(outputs):
         return None
     forward = set(roles) == {"z"}
     if not forward and ("z" in roles or len(roles) < 2):
@@ -488,7 +489,7 @@ def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEX
             (WARP * s.dim for s in slots if s.mode == "output" and s.role != "w" and s.dim > 1),
             default=0,
         )
-        joint = None if segment_role else _joint_pass(call, outputs)
+        joint = _joint_pass(call, outputs)
         edge_sums = 0
         if joint is not None:
             stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"))

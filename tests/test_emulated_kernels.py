@@ -88,11 +88,13 @@ def test_joint_forward_and_backward_match_reference():
     assert_close(actual, jax.jit(functools.partial(members, reference))(x, y, w, g), jnp.float64)
 
 
-@pytest.mark.parametrize("sorted_by_dst", [False, True])
-def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst):
-    """z scattered by atomics per run of one destination (long runs when sorted by dst), x̄ by
-    atomics into source nodes; the deterministic variant keeps its segment launches."""
-    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
+@pytest.mark.parametrize("sorted_by_dst, deterministic", [(False, False), (True, False), (False, True)])
+def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, deterministic):
+    """The passes by destination: z accumulated per run of one destination (long runs when
+    sorted by dst), z̄ staged per run, x̄ added into source nodes; atomically, or by the warp
+    that owns the node's sorted run in the deterministic variant."""
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto",
+                                                  deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(41), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
                         sorted_by_dst=sorted_by_dst)
     before = _launches()

@@ -17,6 +17,8 @@ The schedule decides, for one :class:`~jax_cgtp.call.Call`:
   ``1x2e`` spherical harmonics), a contracted letter, followed by a warp reduction (*reduce* mode).
 * **staging**: a per-edge operand block read lane-strided (``x[u, i]`` with lanes over ``u``) is
   first copied, 32 rows at a time, into the warp's shared memory with coalesced loads.
+* **joint passes** replace the slots of ``uvu`` products over spherical harmonics: every path of
+  an x block per edge and chunk, each operand chunk loaded once (:class:`JointPass`).
 
 The result is plain data that :mod:`jax_cgtp.codegen` turns into CUDA source.
 """
@@ -148,10 +150,12 @@ class JointPass:
 
     ``by_destination`` (a convolution, ``z`` or ``z̄`` indexed by ``dst``): inside each chunk the
     pass walks the tile's edges in order and keeps every path's z chunk while the destination
-    stays the same. The forward accumulates it in registers and adds it atomically when the
-    destination changes; the backward stages the block's ``z̄[dst]`` chunks in shared memory
-    once per run and sums each edge's ȳ over the chunks in shared memory. Edges sorted by
-    ``dst`` make one run per node and tile.
+    stays the same. The forward accumulates it in registers and adds it when the destination
+    changes; the backward stages the block's ``z̄[dst]`` chunks in shared memory once per run,
+    keeps the x chunk and accumulates x̄ while the source stays the same, and sums each edge's
+    ȳ over the chunks in shared memory. Edges sorted by ``dst`` make one z run per node and
+    tile; a deterministic launch walks one node's sorted run (by ``dst`` for z, by ``src`` for
+    x̄), whose rows only its warp writes.
 
     ``outputs`` and ``arrays`` map roles to kernel outputs and call inputs; ``blocks`` are
     ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)`` of the y blocks ȳ covers.

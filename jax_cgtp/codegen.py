@@ -659,8 +659,9 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_na
       f"{'weighted' if path.w_offset is not None else 'unweighted'}, {len(path.nonzeros)} CG nonzeros")
     w.open("")
     used = [sorted({nz[n] for nz in path.nonzeros}) for n in range(3)]
-    for j in used[1]:
-        w(f"const T y_{j} = ok ? p_y[{path.y_offset + j}] : T(0);")
+    if "y" in dict(joint.arrays):  # ȳ alone does not read y
+        for j in used[1]:
+            w(f"const T y_{j} = ok ? p_y[{path.y_offset + j}] : T(0);")
     weight = ""
     if path.w_offset is not None:
         w(f"const T wt = live ? p_w[{path.w_offset} + lc] : T(0);")

@@ -348,14 +348,16 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
     It applies when every path is ``uvu`` with a one-channel y block (spherical harmonics),
     every output has one term over the same inputs, and the launch is the forward (z BATCHED,
     or INDEXED: a convolution; one path per z block) or a backward producing at least two of
-    x̄, ȳ, w̄. A deterministic convolution's launch walks one node's sorted edges at a time, so
-    its scattered rows belong to the warp (flushed by read-modify-write, not atomics).
+    x̄, ȳ, w̄ (any of them when z̄ is gathered by ``dst``: the walk then stages it once per run).
+    A deterministic convolution's launch walks one node's sorted edges at a time, so its
+    scattered rows belong to the warp (flushed by read-modify-write, not atomics).
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs):
         return None
     forward = set(roles) == {"z"}
-    if not forward and ("z" in roles or len(roles) < 2):
+    by_destination = call.kind("z") == INDEXED
+    if not forward and ("z" in roles or (len(roles) < 2 and not by_destination)):
         return None
     allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,), "z": (BATCHED, INDEXED)}
     if any(o.kind not in allowed[o.role] for o in outputs):
@@ -388,7 +390,6 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
         if paths:
             blocks.append((problem.irreps_in1[:i1].dim, mul_ir.mul, mul_ir.ir.dim, tuple(paths)))
     y_blocks = sorted({(p.y_offset, p.y_dim) for _, _, _, paths in blocks for p in paths})
-    by_destination = call.kind("z") == INDEXED
     return JointPass(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(blocks), tuple(y_blocks),
                      by_destination)
 
@@ -476,7 +477,8 @@ def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEX
             zero = _zero_ranges(call.problem, output.role, planned) if kind == BATCHED else ()
             outputs.append(KernelOutput(call_index, output.role, kind, call.problem.operand_dim(output.role),
                                         flush, zero))
-        if segment_role:
+        joint = _joint_pass(call, outputs)
+        if segment_role or (joint is not None and joint.by_destination):  # runs of one node to walk
             tile = TILE_INDEXED
         elif any(o.kind == SHARED for o in outputs):
             tile = shared_tile
@@ -493,7 +495,6 @@ def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEX
             (WARP * s.dim for s in slots if s.mode == "output" and s.role != "w" and s.dim > 1),
             default=0,
         )
-        joint = _joint_pass(call, outputs)
         edge_sums = 0
         if joint is not None:
             stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"))

@@ -101,4 +101,5 @@ def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, determin
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
     joint = [dict(k.joint.outputs) for k in kernel_emulator.launched()[before:] if k.joint is not None]
     assert {"z": 0} in joint and {"x": 0, "y": 1, "w": 2} in joint
+    assert {"y": 0} in joint  # the force loss's ȳ of the gradient: z̄ gathered, one output
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)

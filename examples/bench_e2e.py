@@ -102,7 +102,8 @@ def measure(workload: str, backend: str, args) -> dict:
 
 
 def op_profile(compiled, inputs, iters: int, top: int) -> list[dict]:
-    """The ``top`` XLA ops of ``compiled`` by traced time per step: ``{op, target, calls, ms}``.
+    """The ``top`` XLA ops of ``compiled`` by traced time per step: ``{op, target, shape, grid,
+    calls, ms}`` (``shape``: the op's result; ``grid``: a jax_cgtp launch's blocks).
 
     Events are read from the trace's device plane (the host plane without a GPU) by their
     ``hlo_op`` stat; ``target`` is the op's custom-call target, or the op's kind otherwise."""
@@ -127,9 +128,12 @@ def op_profile(compiled, inputs, iters: int, top: int) -> list[dict]:
     rows = []
     for op, total in nanoseconds.most_common(top):
         line = re.search(rf"%?{re.escape(op)} = [^\n]*", hlo)
-        target = re.search(r'custom_call_target="([^"]+)"', line.group(0)) if line else None
-        kind = re.search(r"= \S+ (\S+?)\(", line.group(0)) if line else None
-        rows.append({"op": op, "target": target.group(1) if target else (kind.group(1) if kind else "?"),
+        text = line.group(0) if line else ""
+        target = re.search(r'custom_call_target="([^"]+)"', text)
+        kind = re.search(r"= (.*?) ([\w-]+)\(", text)
+        grid = re.search(r"grid = (\d+)", text)
+        rows.append({"op": op, "target": target.group(1) if target else (kind.group(2) if kind else "?"),
+                     "shape": kind.group(1) if kind else "?", "grid": int(grid.group(1)) if grid else None,
                      "calls": calls[op] / iters, "ms": total / iters / 1e6})
     return rows
 
@@ -168,9 +172,10 @@ def table(results: list[dict], reference: str = "e3nn") -> str:
 def profile_table(result: dict) -> str:
     """The ops of one (workload, backend) pair with the most traced time per step."""
     lines = [f"{result['workload']} on {result['backend']}: ops by traced time per step (step {result['step_ms']:.2f} ms)",
-             f"{'ms/step':>9} {'calls':>6}  op (custom-call target or kind)"]
+             f"{'ms/step':>9} {'calls':>6}  op (custom-call target or kind; grid) result"]
     for row in result["profile"]:
-        lines.append(f"{row['ms']:9.3f} {row['calls']:6.1f}  {row['op']} ({row['target']})")
+        grid = f"; grid {row['grid']}" if row["grid"] is not None else ""
+        lines.append(f"{row['ms']:9.3f} {row['calls']:6.1f}  {row['op']} ({row['target']}{grid}) {row['shape']}")
     return "\n".join(lines)
 
 

@@ -538,7 +538,8 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
         w("long long cur = -1, cur_x = -1;")
-        w(f"T {', '.join(f'xr_{q} = T(0)' for q in range(dim))};")
+        if "x" in dict(joint.arrays):
+            w(f"T {', '.join(f'xr_{q} = T(0)' for q in range(dim))};")
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
         w("#pragma unroll 1")
@@ -572,13 +573,16 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
             _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x")
             w.close()
         w("cur_x = ix_x;")
-        w.open("")
-        if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim)):
-            w("__syncwarp();")
-        w(" ".join(f"xr_{q} = x_{q};" for q in range(dim)))
+        reads_x = "x" in dict(joint.arrays)  # x̄ alone does not read x
+        if reads_x:
+            w.open("")
+            if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim)):
+                w("__syncwarp();")
+            w(" ".join(f"xr_{q} = x_{q};" for q in range(dim)))
+            w.close()
         w.close()
-        w.close()
-        w(" ".join(f"const T x_{q} = xr_{q};" for q in range(dim)))
+        if reads_x:
+            w(" ".join(f"const T x_{q} = xr_{q};" for q in range(dim)))
         reached = sorted({joint.y_blocks.index((p.y_offset, p.y_dim)) for p in paths}) if "y" in outs else []
         for n in reached:
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};")
@@ -663,7 +667,7 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_na
         for j in used[1]:
             w(f"const T y_{j} = ok ? p_y[{path.y_offset + j}] : T(0);")
     weight = ""
-    if path.w_offset is not None:
+    if path.w_offset is not None and "w" in dict(joint.arrays):
         w(f"const T wt = live ? p_w[{path.w_offset} + lc] : T(0);")
         weight = " * wt"
     dtype = schedule.dtype

@@ -374,8 +374,8 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
     active = [(n, ins) for n, ins in enumerate(problem.instructions) if ins.is_active]
     if not active or any(ins.mode != "uvu" or ins.mul_in2 != 1 for _, ins in active):
         return None
-    if any(ins.has_weight for _, ins in active) and "w" not in arrays:
-        return None
+    if any(ins.has_weight for _, ins in active) and "w" not in arrays and set(roles) != {"w"}:
+        return None  # w̄ alone does not read w
     if forward and len({ins.i_out for _, ins in active}) != len(active):
         return None
     blocks = []

@@ -165,6 +165,21 @@ def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst, d
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
+def test_single_operand_gradients_of_the_convolution_match_reference(deterministic):
+    """x̄, ȳ or w̄ alone: one-output joint walks."""
+    cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(44), cuda, 300, 5000, jnp.float64, bad_fraction=0.05,
+                                     sorted_by_dst=True)
+    g = jax.random.normal(jax.random.PRNGKey(45), (300, cuda.irreps_out.dim), jnp.float64)
+
+    def gradients(conv, x, y, w):
+        return [jax.grad(lambda *a: jnp.sum(conv(*a, src, dst, 300) * g), argnums=n)(x, y, w) for n in range(3)]
+
+    expected = jax.jit(functools.partial(gradients, reference))(x, y, w)
+    assert_close(jax.jit(functools.partial(gradients, cuda))(x, y, w), expected, jnp.float64)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
 def test_convolution_check_grads_orders_1_and_2(deterministic):
     spec = random_problem(710, mode="uvu", lmax=2)
     cuda, _ = pair(spec, jax_cgtp.TensorProductConv, deterministic=deterministic)

@@ -18,7 +18,7 @@ import functools
 import pathlib
 
 from .operands import BATCHED, INDEXED, SHARED
-from .schedule import WARP, Contribution, Factor, JointPath, KernelSchedule, Slot
+from .schedule import WARP, Contribution, Factor, JointPath, KernelSchedule, Slot, stage_width
 
 _HEADER = "cgtp_device.cuh"
 KERNEL_NAME = "cgtp_kernel"
@@ -330,7 +330,7 @@ def _emit_contribution(w: _Writer, schedule: KernelSchedule, slot: Slot, c: Cont
             w(f"const T f{n}_{comp} = {guard} ? {_element(f, False, values, comp)} : T(0);")
     for f in staged:
         row = f.strides[0] if f.role == "w" else f.dim
-        width = row if row % 2 else row + 1
+        width = stage_width(row)
         w(f"cgtp_stage<{row}, {width}>(stage_{f.role}, p{f.array} + {f.offset} + {chunk} * {WARP * row}LL, "
           f"{rows} * {row}, lane);")
     if staged:
@@ -348,7 +348,7 @@ def _emit_contribution(w: _Writer, schedule: KernelSchedule, slot: Slot, c: Cont
 def _element(f: Factor, staged: bool, values: dict[str, str], comp: int) -> str:
     if staged:
         row = f.strides[0] if f.role == "w" else f.dim
-        width = row if row % 2 else row + 1
+        width = stage_width(row)
         inner = "".join(f" + {values[c]} * {s}" for c, s in zip(f.letters[1:], f.strides[1:]))
         return f"stage_{f.role}[lane * {width}{inner} + {comp}]"
     index = "".join(f" + {values[c]} * {s}" for c, s in zip(f.letters, f.strides))
@@ -560,7 +560,7 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
         w("__syncwarp();")
         staged_z, offset = [], 0
         for path in paths:
-            width = _stage_width(path.z_dim)
+            width = stage_width(path.z_dim)
             w(f"cgtp_stage<{path.z_dim}, {width}>(stage_z + {offset}, p_z + {path.z_offset} + c * "
               f"{WARP * path.z_dim}LL, nrows * {path.z_dim}, lane);")
             staged_z.append([f"(live ? stage_z[{offset} + lane * {width} + {k}] : T(0))" for k in range(path.z_dim)])
@@ -711,16 +711,11 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_na
     w.close()
 
 
-def _stage_width(dim: int) -> int:
-    """Row stride of a staged chunk: odd, so that lane-strided reads hit distinct banks."""
-    return dim if dim % 2 else dim + 1
-
-
 def _emit_joint_chunk(w: _Writer, schedule: KernelSchedule, role: str, offset: int, dim: int, comps) -> bool:
     """Registers ``{role}_q`` (q in ``comps``) of this lane's channel in the block at ``offset``,
     read through the warp's staging buffer when rows are wider than one; True if staged."""
     staged = dim > 1 and role in dict(schedule.stage_sizes)
-    width = _stage_width(dim)
+    width = stage_width(dim)
     if staged:
         w(f"if (ok) cgtp_stage<{dim}, {width}>(stage_{role}, p_{role} + {offset} + c * {WARP * dim}LL, "
           f"nrows * {dim}, lane);")

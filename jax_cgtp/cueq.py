@@ -25,6 +25,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .graph import valid_edges
 from .problem import Problem, cg_block
 
 # Subscripts per mode: weights, x, y, z, then the CG indices; without the weight operand for
@@ -135,7 +136,7 @@ def convolution(problem: Problem, x, y, w, src, dst, num_nodes: int, *, method: 
 
     poly = polynomial(problem)
     method = method or default_method(poly)
-    valid = (src >= 0) & (src < x.shape[0]) & (dst >= 0) & (dst < num_nodes)
+    valid = valid_edges(src, dst, x.shape[0], num_nodes)
     y = jnp.where(valid[:, None], y, 0)
     src, dst = jnp.where(valid, src, 0), jnp.where(valid, dst, 0)
     x = mul_ir_to_ir_mul(problem.irreps_in1, x)

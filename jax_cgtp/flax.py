@@ -30,7 +30,7 @@ from . import cueq
 from . import e3nn as dropin
 from .backend import BACKENDS
 from .conv import TensorProductConv as _Conv
-from .graph import SortedGraph, graph_endpoints
+from .graph import SortedGraph, graph_endpoints, valid_edges
 from .tensor_product import channelwise_tensor_product
 
 MODULE_BACKENDS = BACKENDS + ("e3nn", "cueq")
@@ -212,7 +212,7 @@ def _e3nn_conv(tp, x, sh, weights, src, dst, num_nodes):
     messages = jax.vmap(
         lambda w, a, b: functional.left_right(w, e3nn.IrrepsArray(tp.irreps_in1, a), e3nn.IrrepsArray(tp.irreps_in2, b)).array
     )(weights, x_edges, sh)
-    valid = (src >= 0) & (src < x.shape[0]) & (dst >= 0) & (dst < num_nodes)
+    valid = valid_edges(src, dst, x.shape[0], num_nodes)
     return jax.ops.segment_sum(messages, jnp.where(valid, dst, num_nodes), num_segments=num_nodes)
 
 

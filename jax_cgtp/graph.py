@@ -48,6 +48,12 @@ class SortedGraph:
     num_src_nodes: int = dataclasses.field(metadata=dict(static=True))
 
 
+def valid_edges(src, dst, num_src_nodes: int, num_nodes: int):
+    """Mask of the edges that contribute: ``src`` in ``[0, num_src_nodes)`` and ``dst`` in
+    ``[0, num_nodes)``."""
+    return (src >= 0) & (src < num_src_nodes) & (dst >= 0) & (dst < num_nodes)
+
+
 def graph_endpoints(graph, src, dst, num_nodes):
     """``(src, dst, num_nodes)`` of a convolution call: ``graph``'s when one is given (then the
     others must be left out), else the arguments as they are."""

@@ -243,9 +243,10 @@ def _output_slots(problem: Problem, role: str):
         yield f"{role} block {slot} ({mul_ir})", irreps[:slot].dim, users
 
 
-def _stage_width(strides_after: int, dim: int) -> int:
-    width = strides_after * dim
-    return width if width % 2 else width + 1
+def stage_width(row: int) -> int:
+    """Shared-memory stride of a staged row of ``row`` elements: odd, so that lane-strided reads
+    hit distinct banks."""
+    return row if row % 2 else row + 1
 
 
 def _factor(call: Call, ins: Instruction, role: str, array: int, lane: str | None,
@@ -254,7 +255,7 @@ def _factor(call: Call, ins: Instruction, role: str, array: int, lane: str | Non
     staged = False
     if call.kind(role) != SHARED and lane is not None and letters[:1] == lane:
         row = strides[0] if role == "w" else dim
-        staged = row > 1 and WARP * _stage_width(row, 1) * itemsize <= MAX_STAGE_BYTES
+        staged = row > 1 and WARP * stage_width(row) * itemsize <= MAX_STAGE_BYTES
     return Factor(role, array, letters, muls, strides, offset, dim, staged)
 
 
@@ -406,12 +407,12 @@ def _joint_buffers(joint: JointPass, y_dim: int) -> tuple[dict[str, int], int, i
         for p in paths:
             for role, dim in (("x", p.x_dim), ("z", p.z_dim)):
                 if dim > 1 and (role == "x" or backward):
-                    stage[role] = max(stage.get(role, 0), WARP * _stage_width(dim, 1))
+                    stage[role] = max(stage.get(role, 0), WARP * stage_width(dim))
             out_dim = x_dim if backward else p.z_dim
             if out_dim > 1:
                 transpose = max(transpose, WARP * out_dim)
         if backward and joint.by_destination:  # the z̄ chunks of all of the block's paths at once
-            stage["z"] = max(stage.get("z", 0), sum(WARP * _stage_width(p.z_dim, 1) for p in paths))
+            stage["z"] = max(stage.get("z", 0), sum(WARP * stage_width(p.z_dim) for p in paths))
     edge_sums = WARP * y_dim if joint.by_destination and "y" in outputs else 0
     return stage, transpose, edge_sums
 
@@ -490,7 +491,7 @@ def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEX
                 for f in c.factors:
                     if f.staged:
                         row = f.strides[0] if f.role == "w" else f.dim
-                        stage[f.role] = max(stage.get(f.role, 0), WARP * _stage_width(row, 1))
+                        stage[f.role] = max(stage.get(f.role, 0), WARP * stage_width(row))
         transpose = max(
             (WARP * s.dim for s in slots if s.mode == "output" and s.role != "w" and s.dim > 1),
             default=0,

@@ -459,12 +459,8 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
         w.close()
     if "y" in outs:
         out = schedule.outputs[outs["y"]]
-        for n, (offset, dim) in enumerate(joint.y_blocks):
-            names = [f"gy{n}_{q}" for q in range(dim)]
-            w(" ".join(f"{a} = cgtp_warp_sum({a});" for a in names))
-            w(f"T vy{n} = T(0);")
-            w(" ".join(f"if (lane == {q}) vy{n} = {a};" for q, a in enumerate(names)))
-            w(f"if (lane < {dim}) out{outs['y']}[e * {out.dim}LL + {offset} + lane] = vy{n};")
+        lo, values = _y_sum_values(joint, range(len(joint.y_blocks)))
+        _emit_transposed_sum(w, values, f"out{outs['y']}[e * {out.dim}LL + {lo} + ", "]", "=")
     w.close()
 
 
@@ -526,8 +522,10 @@ def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
 def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
     """The joint backward of a convolution: per x block and chunk, the tile's edges in order.
     The block's z̄ chunks are staged in shared memory when the destination changes (edges sorted
-    by ``dst``: once per node and tile); x̄ is added atomically per edge, w̄ written per edge, and
-    each edge's ȳ summed over the warp into the tile's rows in shared memory, stored at the end."""
+    by ``dst``: once per node and tile). The x chunk stays in registers, and x̄ accumulates,
+    while the source stays the same; x̄ is flushed (atomically, or by the warp that owns a
+    deterministic launch's source run) when it changes. w̄ is written per edge, and each edge's
+    ȳ summed over the warp into the tile's rows in shared memory, stored at the end."""
     joint = schedule.joint
     outs = dict(joint.outputs)
     y_dim = schedule.call.problem.operand_dim("y")
@@ -539,7 +537,11 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
         w("__syncwarp();")
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
-        w("long long cur = -1;")
+        w("long long cur = -1, cur_x = -1;")
+        if "x" in dict(joint.arrays):
+            w(f"T {', '.join(f'xr_{q} = T(0)' for q in range(dim))};")
+        if "x" in outs:
+            w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
         w("#pragma unroll 1")
         w.open("for (int t = 0; t < count; ++t)")
         _emit_edge_header(w, schedule)
@@ -565,45 +567,63 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
             offset += WARP * width
         w("__syncwarp();")
         w.close()
+        w.open("if (ix_x != cur_x)")
         if "x" in outs:
-            w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
-        y_sums = _block_y_sums(joint, paths) if "y" in outs else []
-        for n in sorted({n for n, _ in y_sums if n is not None}):
+            w.open("if (cur_x >= 0)")
+            _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x")
+            w.close()
+        w("cur_x = ix_x;")
+        reads_x = "x" in dict(joint.arrays)  # x̄ alone does not read x
+        if reads_x:
+            w.open("")
+            if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim)):
+                w("__syncwarp();")
+            w(" ".join(f"xr_{q} = x_{q};" for q in range(dim)))
+            w.close()
+        w.close()
+        if reads_x:
+            w(" ".join(f"const T x_{q} = xr_{q};" for q in range(dim)))
+        reached = sorted({joint.y_blocks.index((p.y_offset, p.y_dim)) for p in paths}) if "y" in outs else []
+        for n in reached:
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};")
-        staged = _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim))
         for path, z_values in zip(paths, staged_z):
             _emit_joint_path(w, schedule, path, z_values)
-        if staged:
-            w("__syncwarp();")
-        if "x" in outs:
-            _emit_joint_flush(w, schedule, "x", x_offset, dim)
-        if y_sums:
-            lo = min(joint.y_blocks[n][0] for n, _ in y_sums if n is not None)
-            values = [f"gy{n}_{q}" if n is not None else "T(0)" for n, q in y_sums]
-            _emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]")
+        if reached:
+            lo, values = _y_sum_values(joint, reached)
+            _emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
         w.close()
+        if "x" in outs:
+            w.open("if (cur_x >= 0)")
+            _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x")
+            w.close()
         w.close()
     if "y" in outs:
         out = schedule.outputs[outs["y"]]
         w("__syncwarp();")
-        w(f"for (int q = lane; q < count * {y_dim}; q += 32) out{outs['y']}[first * {out.dim}LL + q] = ysum[q];")
+        if schedule.tiling == "segments":  # the edges of a node's run: rows of the sorted permutation
+            w.open("for (int t = 0; t < count; ++t)")
+            w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
+            w(f"for (int q = lane; q < {y_dim}; q += 32) out{outs['y']}[e * {out.dim}LL + q] = ysum[t * {y_dim} + q];")
+            w.close()
+        else:  # a tile's edges are consecutive rows
+            w(f"for (int q = lane; q < count * {y_dim}; q += 32) out{outs['y']}[first * {out.dim}LL + q] = ysum[q];")
         w("__syncwarp();")
 
 
-def _block_y_sums(joint, paths) -> list[tuple[int | None, int]]:
-    """The ȳ components an x block's paths reach, as ``(y block index, component)`` over the
-    contiguous range they span (``(None, 0)`` for a component in a gap)."""
-    reached = sorted({joint.y_blocks.index((p.y_offset, p.y_dim)) for p in paths})
+def _y_sum_values(joint, reached) -> tuple[int, list[str]]:
+    """The ȳ accumulators of the y blocks ``reached`` (indices into ``joint.y_blocks``) over the
+    contiguous range of components they span: ``(first component, values)``, ``T(0)`` in gaps."""
     by_offset = {}
     for n in reached:
         offset, dim = joint.y_blocks[n]
-        by_offset.update({offset + q: (n, q) for q in range(dim)})
-    return [by_offset.get(c, (None, 0)) for c in range(min(by_offset), max(by_offset) + 1)]
+        by_offset.update({offset + q: f"gy{n}_{q}" for q in range(dim)})
+    lo = min(by_offset)
+    return lo, [by_offset.get(c, "T(0)") for c in range(lo, max(by_offset) + 1)]
 
 
-def _emit_transposed_sum(w: _Writer, values: list[str], target: str, close: str) -> None:
-    """Add the warp sum of each of ``values`` (per-lane partials) to ``{target}q{close}``, q its
-    position. Up to 32 values at a time by a transposed butterfly: at each step the lanes with
+def _emit_transposed_sum(w: _Writer, values: list[str], target: str, close: str, op: str) -> None:
+    """Write (``op`` "=") or add ("+=") the warp sum of each of ``values`` (per-lane partials) to
+    ``{target}q{close}``, q its position. Up to 32 values at a time by a transposed butterfly: at each step the lanes with
     the offset bit set keep the upper half of their values and receive that half from their
     partner, so V values take V - 1 shuffles (plus one per remaining step) instead of 5 V."""
     for start in range(0, len(values), WARP):
@@ -626,7 +646,7 @@ def _emit_transposed_sum(w: _Writer, values: list[str], target: str, close: str)
         shift = 5 - p
         w(f"const int q = lane >> {shift};")
         mask = (1 << shift) - 1
-        w(f"if ({f'(lane & {mask}) == 0 && ' if mask else ''}q < {len(group)}) {target}{start} + q{close} += s_0;")
+        w(f"if ({f'(lane & {mask}) == 0 && ' if mask else ''}q < {len(group)}) {target}{start} + q{close} {op} s_0;")
         w.close()
 
 
@@ -643,10 +663,11 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_na
       f"{'weighted' if path.w_offset is not None else 'unweighted'}, {len(path.nonzeros)} CG nonzeros")
     w.open("")
     used = [sorted({nz[n] for nz in path.nonzeros}) for n in range(3)]
-    for j in used[1]:
-        w(f"const T y_{j} = ok ? p_y[{path.y_offset + j}] : T(0);")
+    if "y" in dict(joint.arrays):  # ȳ alone does not read y
+        for j in used[1]:
+            w(f"const T y_{j} = ok ? p_y[{path.y_offset + j}] : T(0);")
     weight = ""
-    if path.w_offset is not None:
+    if path.w_offset is not None and "w" in dict(joint.arrays):
         w(f"const T wt = live ? p_w[{path.w_offset} + lc] : T(0);")
         weight = " * wt"
     dtype = schedule.dtype

@@ -17,6 +17,8 @@ The schedule decides, for one :class:`~jax_cgtp.call.Call`:
   ``1x2e`` spherical harmonics), a contracted letter, followed by a warp reduction (*reduce* mode).
 * **staging**: a per-edge operand block read lane-strided (``x[u, i]`` with lanes over ``u``) is
   first copied, 32 rows at a time, into the warp's shared memory with coalesced loads.
+* **joint passes** replace the slots of ``uvu`` products over spherical harmonics: every path of
+  an x block per edge and chunk, each operand chunk loaded once (:class:`JointPass`).
 
 The result is plain data that :mod:`jax_cgtp.codegen` turns into CUDA source.
 """
@@ -148,10 +150,12 @@ class JointPass:
 
     ``by_destination`` (a convolution, ``z`` or ``z̄`` indexed by ``dst``): inside each chunk the
     pass walks the tile's edges in order and keeps every path's z chunk while the destination
-    stays the same. The forward accumulates it in registers and adds it atomically when the
-    destination changes; the backward stages the block's ``z̄[dst]`` chunks in shared memory
-    once per run and sums each edge's ȳ over the chunks in shared memory. Edges sorted by
-    ``dst`` make one run per node and tile.
+    stays the same. The forward accumulates it in registers and adds it when the destination
+    changes; the backward stages the block's ``z̄[dst]`` chunks in shared memory once per run,
+    keeps the x chunk and accumulates x̄ while the source stays the same, and sums each edge's
+    ȳ over the chunks in shared memory. Edges sorted by ``dst`` make one z run per node and
+    tile; a deterministic launch walks one node's sorted run (by ``dst`` for z, by ``src`` for
+    x̄), whose rows only its warp writes.
 
     ``outputs`` and ``arrays`` map roles to kernel outputs and call inputs; ``blocks`` are
     ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)`` of the y blocks ȳ covers.
@@ -344,14 +348,17 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
 
     It applies when every path is ``uvu`` with a one-channel y block (spherical harmonics),
     every output has one term over the same inputs, and the launch is the forward (z BATCHED,
-    or INDEXED: a convolution, non-deterministic; one path per z block) or a backward
-    producing at least two of x̄, ȳ, w̄.
+    or INDEXED: a convolution; one path per z block) or a backward producing at least two of
+    x̄, ȳ, w̄ (any of them when z̄ is gathered by ``dst``: the walk then stages it once per run).
+    A deterministic convolution's launch walks one node's sorted edges at a time, so its
+    scattered rows belong to the warp (flushed by read-modify-write, not atomics).
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
-    if call.deterministic or len(roles) != len(outputs):
+    if len(roles) != len(outputs):
         return None
     forward = set(roles) == {"z"}
-    if not forward and ("z" in roles or len(roles) < 2):
+    by_destination = call.kind("z") == INDEXED
+    if not forward and ("z" in roles or (len(roles) < 2 and not by_destination)):
         return None
     allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,), "z": (BATCHED, INDEXED)}
     if any(o.kind not in allowed[o.role] for o in outputs):
@@ -368,8 +375,8 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
     active = [(n, ins) for n, ins in enumerate(problem.instructions) if ins.is_active]
     if not active or any(ins.mode != "uvu" or ins.mul_in2 != 1 for _, ins in active):
         return None
-    if any(ins.has_weight for _, ins in active) and "w" not in arrays:
-        return None
+    if any(ins.has_weight for _, ins in active) and "w" not in arrays and set(roles) != {"w"}:
+        return None  # w̄ alone does not read w
     if forward and len({ins.i_out for _, ins in active}) != len(active):
         return None
     blocks = []
@@ -384,7 +391,6 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
         if paths:
             blocks.append((problem.irreps_in1[:i1].dim, mul_ir.mul, mul_ir.ir.dim, tuple(paths)))
     y_blocks = sorted({(p.y_offset, p.y_dim) for _, _, _, paths in blocks for p in paths})
-    by_destination = call.kind("z") == INDEXED
     return JointPass(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(blocks), tuple(y_blocks),
                      by_destination)
 
@@ -472,7 +478,8 @@ def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEX
             zero = _zero_ranges(call.problem, output.role, planned) if kind == BATCHED else ()
             outputs.append(KernelOutput(call_index, output.role, kind, call.problem.operand_dim(output.role),
                                         flush, zero))
-        if segment_role:
+        joint = _joint_pass(call, outputs)
+        if segment_role or (joint is not None and joint.by_destination):  # runs of one node to walk
             tile = TILE_INDEXED
         elif any(o.kind == SHARED for o in outputs):
             tile = shared_tile
@@ -489,7 +496,6 @@ def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEX
             (WARP * s.dim for s in slots if s.mode == "output" and s.role != "w" and s.dim > 1),
             default=0,
         )
-        joint = None if segment_role else _joint_pass(call, outputs)
         edge_sums = 0
         if joint is not None:
             stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"))

@@ -97,6 +97,8 @@ def test_deterministic_convolution_reduces_each_node_in_one_warp():
     (kernel,) = schedule.plan(call, "double", "long long")
     assert kernel.tiling == "segments" and kernel.segment_role == "x"
     assert [o.flush for o in kernel.outputs] == ["rmw", "store", "store"]
+    assert kernel.joint.by_destination  # the joint walk, over one source node's sorted edges
+    assert "if (ix_x != cur_x)" in codegen.generate(kernel)
     atomic = schedule.plan(forward_call(mace_problem(), kinds, rows=(10, None, None, 10)), "float", "int")
     assert [o.flush for o in atomic[0].outputs] == ["atomic"]
 

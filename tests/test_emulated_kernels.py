@@ -88,15 +88,35 @@ def test_joint_forward_and_backward_match_reference():
     assert_close(actual, jax.jit(functools.partial(members, reference))(x, y, w, g), jnp.float64)
 
 
-@pytest.mark.parametrize("sorted_by_dst", [False, True])
-def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst):
-    """z scattered by atomics per run of one destination (long runs when sorted by dst), x̄ by
-    atomics into source nodes; the deterministic variant keeps its segment launches."""
+def test_single_operand_gradients_of_the_convolution_are_joint_passes():
+    """x̄, ȳ or w̄ alone: one-output walks by destination."""
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(42), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
+                                     sorted_by_dst=True)
+    g = jax.random.normal(jax.random.PRNGKey(43), (9, kernels.irreps_out.dim), jnp.float64)
+
+    def gradients(conv, x, y, w):
+        return [jax.grad(lambda *a: jnp.sum(conv(*a, src, dst, 9) * g), argnums=n)(x, y, w) for n in range(3)]
+
+    before = _launches()
+    actual = jax.jit(functools.partial(gradients, kernels))(x, y, w)
+    joint = [dict(k.joint.outputs) for k in kernel_emulator.launched()[before:] if k.joint is not None]
+    assert {"x": 0} in joint and {"y": 0} in joint and {"w": 0} in joint
+    assert_close(actual, jax.jit(functools.partial(gradients, reference))(x, y, w), jnp.float64)
+
+
+@pytest.mark.parametrize("sorted_by_dst, deterministic", [(False, False), (True, False), (False, True)])
+def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, deterministic):
+    """The passes by destination: z accumulated per run of one destination (long runs when
+    sorted by dst), z̄ staged per run, x̄ added into source nodes; atomically, or by the warp
+    that owns the node's sorted run in the deterministic variant."""
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto",
+                                                  deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(41), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
                         sorted_by_dst=sorted_by_dst)
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
     joint = [dict(k.joint.outputs) for k in kernel_emulator.launched()[before:] if k.joint is not None]
     assert {"z": 0} in joint and {"x": 0, "y": 1, "w": 2} in joint
+    assert {"y": 0} in joint  # the force loss's ȳ of the gradient: z̄ gathered, one output
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)

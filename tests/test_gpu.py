@@ -153,13 +153,30 @@ def test_convolution_matches_reference(deterministic, dtype, seed):
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("sorted_by_dst", [False, True])
-def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst):
-    """Scattered joint forward (runs of one destination, long when sorted) and joint backward."""
-    cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst, deterministic):
+    """The joint passes by destination (runs of one destination, long when sorted), atomic or
+    walking each node's sorted run in the deterministic variant."""
+    cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(43), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     expected = jax.jit(functools.partial(conv_members, reference, 300))(
         *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
     assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_single_operand_gradients_of_the_convolution_match_reference(deterministic):
+    """x̄, ȳ or w̄ alone: one-output joint walks."""
+    cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(44), cuda, 300, 5000, jnp.float64, bad_fraction=0.05,
+                                     sorted_by_dst=True)
+    g = jax.random.normal(jax.random.PRNGKey(45), (300, cuda.irreps_out.dim), jnp.float64)
+
+    def gradients(conv, x, y, w):
+        return [jax.grad(lambda *a: jnp.sum(conv(*a, src, dst, 300) * g), argnums=n)(x, y, w) for n in range(3)]
+
+    expected = jax.jit(functools.partial(gradients, reference))(x, y, w)
+    assert_close(jax.jit(functools.partial(gradients, cuda))(x, y, w), expected, jnp.float64)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -175,8 +192,13 @@ def test_convolution_check_grads_orders_1_and_2(deterministic):
         check_grads(of_one, (args[operand],), order=2, modes=("fwd", "rev"), atol=1e-7, rtol=1e-7)
 
 
-def test_deterministic_convolution_is_bitwise_reproducible():
-    cuda, _ = pair(random_problem(720, mode="uvu", lmax=2), jax_cgtp.TensorProductConv, deterministic=True)
+@pytest.mark.parametrize("joint", [False, True])
+def test_deterministic_convolution_is_bitwise_reproducible(joint):
+    """Slot by slot (a random problem) and by joint passes (spherical harmonics)."""
+    if joint:
+        cuda, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
+    else:
+        cuda, _ = pair(random_problem(720, mode="uvu", lmax=2), jax_cgtp.TensorProductConv, deterministic=True)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(9), cuda, 1000, 40_000, jnp.float32)
     graph = jax_cgtp.sort_graph(src, dst, 1000)
 

@@ -41,7 +41,7 @@ MAX_BLOCKS = 8192
 MAX_PARTIAL_BLOCKS = 256  # a SHARED output keeps one partial row per warp (per walker with groups)
 MAX_STAGE_BYTES = 8192  # per staged operand and warp
 MAX_REDUCE_ACCUMULATORS = 64
-TARGET_WARPS = 8192  # about the warps an H100 holds at once: fewer tiles spread their slots
+TARGET_WARPS = 8192  # float32 warps an H100 runs at once (half in float64): fewer tiles spread their slots
 MAX_GROUPS = 32
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
@@ -494,17 +494,18 @@ def _chunk_cost(slot: Slot) -> int:
     return cost
 
 
-def slot_groups(slots, tiles: int, max_warps: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+def slot_groups(slots, tiles: int, max_warps: int, itemsize: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
     """Spread ``slots`` over warps when ``tiles`` tiles would leave the GPU mostly idle.
 
     Units are one chunk of one slot; they go, largest first, to the least loaded of
-    ``G = min(MAX_GROUPS, units, max_warps, TARGET_WARPS / tiles rounded up to a power of two)``
-    groups (``max_warps``: the most the launch's grid holds). Returns ``()`` (every warp runs every
-    slot) when one group is enough.
+    ``G = min(MAX_GROUPS, units, max_warps, target / tiles rounded up to a power of two)`` groups,
+    with ``target = TARGET_WARPS * 4 / itemsize`` (float64 kernels hold twice the registers) and
+    ``max_warps`` the most the launch's grid holds. Returns ``()`` (every warp runs every slot) when
+    one group is enough.
     """
     units = [(k, c) for k, slot in enumerate(slots) for c in range(_slot_chunks(slot))]
     wanted = 1
-    while wanted * max(tiles, 1) < TARGET_WARPS:
+    while wanted * max(tiles, 1) < TARGET_WARPS * 4 // itemsize:
         wanted *= 2
     count = min(MAX_GROUPS, len(units), max_warps, wanted)
     if count <= 1:
@@ -592,7 +593,8 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
         )
         if edges is not None and joint is None:
             segments = call.row_count(segment_role) if segment_role else 0
-            groups = slot_groups(kernel.slots, kernel.tiles(edges, segments), kernel.max_blocks * WARPS_PER_BLOCK)
+            groups = slot_groups(kernel.slots, kernel.tiles(edges, segments), kernel.max_blocks * WARPS_PER_BLOCK,
+                                 itemsize)
             kernel = dataclasses.replace(kernel, groups=groups)
         schedules.append(kernel)
     return schedules

@@ -20,9 +20,14 @@ __device__ __forceinline__ void cgtp_stage(T* __restrict__ dst, const T* __restr
 }
 
 // Flush operations: plain store (the row belongs to this edge), read-modify-write (the row belongs
-// to this warp: a shared-operand partial or a deterministic segment), atomic add (shared rows).
+// to this warp: a deterministic segment), reduction (the element belongs to this lane: a shared
+// operand's per-warp partial row), atomic add (rows shared between warps).
+// A reduction is an atomic add whose result is unused (a RED instruction): unlike `*p += v` it does
+// not stall the warp until the old value arrives, and one lane's reductions of one address apply in
+// program order, so the partial sums stay bitwise reproducible.
 __device__ __forceinline__ void cgtp_store(T* p, T v) { *p = v; }
 __device__ __forceinline__ void cgtp_rmw(T* p, T v) { *p += v; }
+__device__ __forceinline__ void cgtp_red(T* p, T v) { atomicAdd(p, v); }
 __device__ __forceinline__ void cgtp_atomic(T* p, T v) { atomicAdd(p, v); }
 
 // Sum over the 32 lanes; every lane receives the total.

@@ -125,11 +125,19 @@ def _emit_prologue(w: _Writer, schedule: KernelSchedule) -> None:
 
 def _emit_tiles(w: _Writer, schedule: KernelSchedule) -> None:
     call = schedule.call
+    groups = schedule.num_groups
+    if groups > 1:
+        w(f"// {groups} warps share each tile, each running its group of slots")
+        w(f"const int group = (int)(warp % {groups});")
+        w(f"const long long walker = warp / {groups};")
+        w(f"const long long num_walkers = num_warps / {groups};")
+        w("if (walker >= num_walkers) return;  // the grid's last warps, fewer than a group")
+    first, step = ("walker", "num_walkers") if groups > 1 else ("warp", "num_warps")
     if schedule.tiling == "segments":
         r = schedule.segment_role
-        w(f"// one warp reduces each {r}-node: its edges in sorted order, 32 at a time; runs -1 and")
+        w(f"// one warp (per group) reduces each {r}-node: its edges in sorted order, 32 at a time; runs -1 and")
         w(f"// rows_{r} hold the edges whose {r}-index is out of range (their per-edge outputs get zeros)")
-        w.open(f"for (long long run = warp; run < rows_{r} + 2; run += num_warps)")
+        w.open(f"for (long long run = {first}; run < rows_{r} + 2; run += {step})")
         w("const long long seg = run - 1;")
         w(f"const long long seg_begin = seg < 0 ? 0 : (long long)off_{r}[seg];")
         w(f"const long long seg_end = seg < rows_{r} ? (long long)off_{r}[seg + 1] : num_edges;")
@@ -139,7 +147,7 @@ def _emit_tiles(w: _Writer, schedule: KernelSchedule) -> None:
     else:
         tile = schedule.tile
         w(f"const long long num_tiles = (num_edges + {tile - 1}) / {tile};")
-        w.open("for (long long tile = warp; tile < num_tiles; tile += num_warps)")
+        w.open(f"for (long long tile = {first}; tile < num_tiles; tile += {step})")
         w(f"const long long first = tile * {tile};")
         w(f"const int count = (int)(num_edges - first < {tile} ? num_edges - first : {tile});")
         w("const long long my_edge = first + lane;")
@@ -150,13 +158,19 @@ def _emit_tiles(w: _Writer, schedule: KernelSchedule) -> None:
         w(f"my_ok = my_ok && cgtp_valid(my_ix_{r}, rows_{r});")
     if schedule.joint is not None:
         _emit_joint(w, schedule)
+    elif groups > 1:
+        for g, units in enumerate(schedule.groups):
+            w.open(f"if (group == {g})")
+            for k, begin, end in units:
+                _emit_slot(w, schedule, schedule.slots[k], (begin, end))
+            w.close()
     else:
         for slot in schedule.slots:
             _emit_slot(w, schedule, slot)
     for k, out in enumerate(schedule.outputs):
         for start, end in out.zero_ranges:
             w(f"// out{k} ({out.role}) components [{start}, {end}) have no path: zeros")
-            w.open("for (int t = 0; t < count; ++t)")
+            w.open("for (int t = 0; t < count; ++t)" if groups == 1 else "for (int t = 0; group == 0 && t < count; ++t)")
             w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
             w(f"for (int q = lane; q < {end - start}; q += 32) "
               f"out{k}[e * {out.dim}LL + {start} + q] = T(0);")
@@ -190,7 +204,8 @@ def _accumulators(slot: Slot) -> list[str]:
     return [f"acc_{q}" for q in range(slot.dim)]
 
 
-def _emit_slot(w: _Writer, schedule: KernelSchedule, slot: Slot) -> None:
+def _emit_slot(w: _Writer, schedule: KernelSchedule, slot: Slot, chunks: tuple[int, int] | None = None) -> None:
+    """One slot over the tile's edges; ``chunks``: its ``[first, end)`` 32-channel chunks (all)."""
     out = schedule.outputs[slot.output]
     k = slot.output
     w()
@@ -199,9 +214,9 @@ def _emit_slot(w: _Writer, schedule: KernelSchedule, slot: Slot) -> None:
     w.open("")
     lane_mul = slot.muls[slot.letters.index(slot.lane_letter)] if slot.role == "w" else slot.mul
     if slot.mode == "output":
-        chunks = -(-lane_mul // WARP)
+        begin, end = chunks or (0, -(-lane_mul // WARP))
         w("#pragma unroll 1")
-        w.open(f"for (int c = 0; c < {chunks}; ++c)")
+        w.open(f"for (int c = {begin}; c < {end}; ++c)")
         w("const int lc = c * 32 + lane;")
         w(f"const bool active = lc < {lane_mul};")
         w(f"const int nrows = {lane_mul} - c * 32 < 32 ? {lane_mul} - c * 32 : 32;")
@@ -223,7 +238,7 @@ def _emit_slot(w: _Writer, schedule: KernelSchedule, slot: Slot) -> None:
         w(f"cur = ix_{out.role};")
     elif out.kind == SHARED:
         w("if (!ok) continue;")
-        w("cur = warp;")
+        w(f"cur = {'walker' if schedule.num_groups > 1 else 'warp'};")
     else:
         w.open("if (ok)")
     _emit_pointers(w, schedule, slot)

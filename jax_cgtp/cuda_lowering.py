@@ -3,8 +3,8 @@
 Each launch of the call's schedule becomes one ``jax.ffi.ffi_call`` to the ``jax_cgtp_launch``
 handler (``cuda/ffi_launch.cc``), on XLA's stream. The cubin travels in the HLO as an attribute,
 so compiled executables are self-contained (JAX's persistent compilation cache and
-``jax.export`` keep working). SHARED outputs come back as one partial row per warp and are
-summed here, which keeps them deterministic. With ``JAX_CGTP_POISON_OUTPUTS=1`` set when a
+``jax.export`` keep working). SHARED outputs come back as one partial row per tile walker and
+are summed here, which keeps them deterministic. With ``JAX_CGTP_POISON_OUTPUTS=1`` set when a
 function is lowered, outputs the kernels overwrite start as NaN instead of uninitialised memory
 (a testing aid: an element a kernel forgets to write shows up).
 """
@@ -62,14 +62,10 @@ def device_arch() -> str:
     return f"sm_{_ffi.compute_capability(0)}"
 
 
-def _plan(call: Call, dtype: str, index_dtype: str, edges: int):
-    """The launches of ``call`` for ``edges`` edges (cached per tile size, not per edge count)."""
-    return _plan_for_tile(call, dtype, index_dtype, schedule.shared_tile_for(edges))
-
-
 @functools.lru_cache(maxsize=None)
-def _plan_for_tile(call: Call, dtype: str, index_dtype: str, shared_tile: int):
-    return schedule.plan(call, dtype, index_dtype, shared_tile)
+def _plan(call: Call, dtype: str, index_dtype: str, edges: int):
+    """The launches of ``call`` for ``edges`` edges."""
+    return schedule.plan(call, dtype, index_dtype, edges)
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,7 +98,7 @@ def launch(call: Call, *args):
     for kernel in _plan(call, _KERNEL_DTYPES[dtype], index_ctype, edges):
         segments = call.row_count(kernel.segment_role) if kernel.segment_role else 0
         grid = kernel.grid(edges, segments)
-        partial_rows = max(grid, 1) * kernel.warps_per_block
+        partial_rows = kernel.partial_rows(grid)
         shapes = [
             jax.ShapeDtypeStruct(
                 (partial_rows, out.dim) if out.kind == SHARED else output_shape(call, out.role, edges), dtype

@@ -8,6 +8,8 @@ The schedule decides, for one :class:`~jax_cgtp.call.Call`:
   order and each node's run reduced by one warp.
 * **tiles**: each warp takes a tile of edges at a time (``TILE`` consecutive edges, or one node's
   run of sorted edges) and, inside the tile, the edges one after the other.
+* **groups**: a launch with fewer tiles than the GPU holds warps spreads each tile's slots (and a
+  slot's 32-channel chunks) over several warps, one group of slots each (:func:`slot_groups`).
 * **slots**: each output is produced block by block (an irreps block of x, y or z, or a path's
   weights). A slot's accumulators stay in registers while the warp walks the tile's edges; they
   are flushed when the output row changes (every edge for a BATCHED output, when the index
@@ -36,9 +38,11 @@ WARP = 32
 WARPS_PER_BLOCK = 4
 TILE_INDEXED = 32  # edges per tile when rows are accumulated across edges
 MAX_BLOCKS = 8192
-MAX_PARTIAL_BLOCKS = 256  # a SHARED output keeps one partial row per warp
+MAX_PARTIAL_BLOCKS = 256  # a SHARED output keeps one partial row per warp (per walker with groups)
 MAX_STAGE_BYTES = 8192  # per staged operand and warp
 MAX_REDUCE_ACCUMULATORS = 64
+TARGET_WARPS = 8192  # float32 warps an H100 runs at once (half in float64): fewer tiles spread their slots
+MAX_GROUPS = 32
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
 
@@ -117,7 +121,7 @@ class KernelOutput:
     role: str
     kind: str
     dim: int
-    flush: str  # "store", "rmw" or "atomic"
+    flush: str  # "store", "rmw", "red" or "atomic" (see cuda/cgtp_device.cuh)
     zero_ranges: tuple[tuple[int, int], ...]  # BATCHED: row ranges no slot writes
 
 
@@ -185,6 +189,9 @@ class KernelSchedule:
     warps_per_block: int
     joint: JointPass | None = None  # replaces the slots when set
     edge_sums_size: int = 0  # shared-memory elements per warp summing a by-destination pass's ȳ rows
+    # with several groups, warp ``g`` of every ``len(groups)`` runs ``groups[g]``: its
+    # ``(slot, first chunk, end chunk)`` units; empty: one warp per tile runs every slot
+    groups: tuple[tuple[tuple[int, int, int], ...], ...] = ()
 
     @property
     def itemsize(self) -> int:
@@ -202,12 +209,27 @@ class KernelSchedule:
     def block(self) -> int:
         return self.warps_per_block * WARP
 
+    @property
+    def num_groups(self) -> int:
+        return max(1, len(self.groups))
+
+    def tiles(self, num_edges: int, num_segments: int) -> int:
+        return num_segments + 2 if self.tiling == "segments" else -(-num_edges // self.tile)
+
     def grid(self, num_edges: int, num_segments: int) -> int:
-        """Blocks to launch; warps loop over tiles grid-stride."""
-        tiles = num_segments + 2 if self.tiling == "segments" else -(-num_edges // self.tile)
-        blocks = -(-tiles // self.warps_per_block)
-        cap = MAX_PARTIAL_BLOCKS if self.has_partials else MAX_BLOCKS
-        return max(0, min(blocks, cap))
+        """Blocks to launch; each group of warps loops over the tiles grid-stride."""
+        warps = self.tiles(num_edges, num_segments) * self.num_groups
+        blocks = -(-warps // self.warps_per_block)
+        return max(0, min(blocks, self.max_blocks))
+
+    @property
+    def max_blocks(self) -> int:
+        return MAX_PARTIAL_BLOCKS if self.has_partials else MAX_BLOCKS
+
+    def partial_rows(self, grid: int) -> int:
+        """Rows of a SHARED output's partials: one per tile walker (the warps of one walker's
+        groups write disjoint columns)."""
+        return max(1, max(grid, 1) * self.warps_per_block // self.num_groups)
 
     @property
     def has_partials(self) -> bool:
@@ -453,10 +475,67 @@ def shared_tile_for(edges: int) -> int:
     return tile
 
 
-def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEXED) -> list[KernelSchedule]:
-    """The launches of ``call`` for ``dtype`` ("float"/"double") and index type ("int"/"long long");
-    a launch with a SHARED output uses tiles of ``shared_tile`` edges (see :func:`shared_tile_for`)."""
+def _slot_chunks(slot: Slot) -> int:
+    """The 32-channel chunks a slot's lanes walk (one unit for a reduce-mode slot)."""
+    if slot.mode == "reduce":
+        return 1
+    lane_mul = slot.muls[slot.letters.index(slot.lane_letter)] if slot.role == "w" else slot.mul
+    return -(-lane_mul // WARP)
+
+
+def _chunk_cost(slot: Slot) -> int:
+    """Inner-loop iterations of one chunk of ``slot``, times the products per iteration."""
+    outer = math.prod(slot.muls[slot.letters.index(c)] for c in slot.outer_letters)
+    cost = 0
+    for c in slot.contributions:
+        loops = math.prod(c.mul(letter) for letter in c.loop_letters)
+        lanes = -(-c.mul(c.lane_letter) // WARP) if slot.mode == "reduce" else 1
+        cost += outer * loops * lanes * (len(c.nonzeros) + len(c.factors))
+    return cost
+
+
+def slot_groups(slots, tiles: int, max_warps: int, itemsize: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    """Spread ``slots`` over warps when ``tiles`` tiles would leave the GPU mostly idle.
+
+    Units are one chunk of one slot; they go, largest first, to the least loaded of
+    ``G = min(MAX_GROUPS, units, max_warps, target / tiles rounded up to a power of two)`` groups,
+    with ``target = TARGET_WARPS * 4 / itemsize`` (float64 kernels hold twice the registers) and
+    ``max_warps`` the most the launch's grid holds. Returns ``()`` (every warp runs every slot) when
+    one group is enough.
+    """
+    units = [(k, c) for k, slot in enumerate(slots) for c in range(_slot_chunks(slot))]
+    wanted = 1
+    while wanted * max(tiles, 1) < TARGET_WARPS * 4 // itemsize:
+        wanted *= 2
+    count = min(MAX_GROUPS, len(units), max_warps, wanted)
+    if count <= 1:
+        return ()
+    loads, members = [0] * count, [[] for _ in range(count)]
+    for k, c in sorted(units, key=lambda u: -_chunk_cost(slots[u[0]])):
+        g = loads.index(min(loads))
+        loads[g] += _chunk_cost(slots[k])
+        members[g].append((k, c))
+    groups = []
+    for unit_list in members:
+        merged: list[list[int]] = []
+        for k, c in sorted(unit_list):
+            if merged and merged[-1][0] == k and merged[-1][2] == c:
+                merged[-1][2] = c + 1
+            else:
+                merged.append([k, c, c + 1])
+        groups.append(tuple(tuple(m) for m in merged))
+    return tuple(groups)
+
+
+def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> list[KernelSchedule]:
+    """The launches of ``call`` for ``dtype`` ("float"/"double") and index type ("int"/"long long").
+
+    With ``edges`` (the batch size), a launch with a SHARED output uses tiles of
+    :func:`shared_tile_for` edges, and a launch of few tiles spreads its slots over warps
+    (:func:`slot_groups`); without, tiles are 32 edges and every warp runs every slot.
+    """
     itemsize = 8 if dtype == "double" else 4
+    shared_tile = TILE_INDEXED if edges is None else shared_tile_for(edges)
     schedules = []
     for output_indices, segment_role in kernel_groups(call):
         outputs, slots = [], []
@@ -471,7 +550,9 @@ def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEX
             slots += planned
             if kind == BATCHED:
                 flush = "store"
-            elif kind == SHARED or call.deterministic:
+            elif kind == SHARED:
+                flush = "red"
+            elif call.deterministic:
                 flush = "rmw"
             else:
                 flush = "atomic"
@@ -499,7 +580,7 @@ def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEX
         edge_sums = 0
         if joint is not None:
             stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"))
-        schedules.append(KernelSchedule(
+        kernel = KernelSchedule(
             call, dtype, index_dtype, tuple(outputs), tuple(slots),
             "segments" if segment_role else "tiles",
             tile,
@@ -509,5 +590,11 @@ def plan(call: Call, dtype: str, index_dtype: str, shared_tile: int = TILE_INDEX
             WARPS_PER_BLOCK,
             joint,
             edge_sums,
-        ))
+        )
+        if edges is not None and joint is None:
+            segments = call.row_count(segment_role) if segment_role else 0
+            groups = slot_groups(kernel.slots, kernel.tiles(edges, segments), kernel.max_blocks * WARPS_PER_BLOCK,
+                                 itemsize)
+            kernel = dataclasses.replace(kernel, groups=groups)
+        schedules.append(kernel)
     return schedules

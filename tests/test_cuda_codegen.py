@@ -111,12 +111,32 @@ def test_shared_weight_gradient_is_a_per_warp_partial():
 
 def test_shared_weight_gradient_of_few_edges_uses_small_tiles_to_fill_the_warps():
     call = backward_call(mace_problem(), (BATCHED, BATCHED, SHARED, BATCHED))
-    (few,) = schedule.plan(call, "float", "int", schedule.shared_tile_for(864))
-    assert few.tile == 1 and few.grid(864, 0) == 216  # 864 warps, one partial row each
-    (many,) = schedule.plan(call, "float", "int", schedule.shared_tile_for(10**6))
+    (few,) = schedule.plan(call, "float", "int", 864)
+    assert few.tile == 1 and few.grid(864, 0) == schedule.MAX_PARTIAL_BLOCKS  # 864 tiles x groups
+    assert few.partial_rows(few.grid(864, 0)) == 4 * schedule.MAX_PARTIAL_BLOCKS // few.num_groups
+    (many,) = schedule.plan(call, "float", "int", 10**6)
     assert many.tile == schedule.TILE_INDEXED and many.grid(10**6, 0) == schedule.MAX_PARTIAL_BLOCKS
-    (batched,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int", 1)
+    assert many.groups == () and many.partial_rows(many.grid(10**6, 0)) == 4 * schedule.MAX_PARTIAL_BLOCKS
+    (batched,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int", 864)
     assert batched.tile == 1
+
+
+def test_launches_of_few_tiles_spread_their_slots_over_warp_groups():
+    """Every chunk of every slot runs in exactly one group; the shared-weight flush is a
+    reduction into the walker's partial row."""
+    uvw = jax_cgtp.fully_connected_tensor_product("32x0e+32x1o+32x2e", "3x0e", "96x0e+32x1o+32x2e").problem
+    call = backward_call(uvw, (BATCHED, BATCHED, SHARED, BATCHED))
+    (kernel,) = schedule.plan(call, "float", "int", 864)
+    units = sorted((k, c) for group in kernel.groups for k, begin, end in group for c in range(begin, end))
+    chunks = [(k, c) for k, slot in enumerate(kernel.slots) for c in range(schedule._slot_chunks(slot))]
+    assert 1 < kernel.num_groups <= schedule.MAX_GROUPS and units == chunks
+    source = codegen.generate(kernel)
+    assert f"const int group = (int)(warp % {kernel.num_groups});" in source
+    assert "cgtp_red(dst" in source and "cur = walker;" in source
+    if nvrtc.available():
+        assert nvrtc.compile_cubin(source, "sm_90", "slot groups")
+    (alone,) = schedule.plan(call, "float", "int", 10**6)
+    assert alone.groups == () and "walker" not in codegen.generate(alone)
 
 
 def test_generated_source_names_paths_and_irreps():

@@ -475,7 +475,7 @@ def shared_tile_for(edges: int) -> int:
     return tile
 
 
-def _slot_chunks(slot: Slot) -> int:
+def slot_chunks(slot: Slot) -> int:
     """The 32-channel chunks a slot's lanes walk (one unit for a reduce-mode slot)."""
     if slot.mode == "reduce":
         return 1
@@ -503,7 +503,7 @@ def slot_groups(slots, tiles: int, max_warps: int, itemsize: int) -> tuple[tuple
     ``max_warps`` the most the launch's grid holds. Returns ``()`` (every warp runs every slot) when
     one group is enough.
     """
-    units = [(k, c) for k, slot in enumerate(slots) for c in range(_slot_chunks(slot))]
+    units = [(k, c) for k, slot in enumerate(slots) for c in range(slot_chunks(slot))]
     wanted = 1
     while wanted * max(tiles, 1) < TARGET_WARPS * 4 // itemsize:
         wanted *= 2

@@ -128,7 +128,7 @@ def test_launches_of_few_tiles_spread_their_slots_over_warp_groups():
     call = backward_call(uvw, (BATCHED, BATCHED, SHARED, BATCHED))
     (kernel,) = schedule.plan(call, "float", "int", 864)
     units = sorted((k, c) for group in kernel.groups for k, begin, end in group for c in range(begin, end))
-    chunks = [(k, c) for k, slot in enumerate(kernel.slots) for c in range(schedule._slot_chunks(slot))]
+    chunks = [(k, c) for k, slot in enumerate(kernel.slots) for c in range(schedule.slot_chunks(slot))]
     assert 1 < kernel.num_groups <= schedule.MAX_GROUPS and units == chunks
     source = codegen.generate(kernel)
     assert f"const int group = (int)(warp % {kernel.num_groups});" in source

@@ -18,7 +18,7 @@ import functools
 import pathlib
 
 from .operands import BATCHED, INDEXED, SHARED
-from .schedule import WARP, Contribution, Factor, JointPath, KernelSchedule, Slot, stage_width
+from .schedule import WARP, Contribution, Factor, JointPath, KernelSchedule, Slot, slot_chunks, stage_width
 
 _HEADER = "cgtp_device.cuh"
 KERNEL_NAME = "cgtp_kernel"
@@ -212,9 +212,9 @@ def _emit_slot(w: _Writer, schedule: KernelSchedule, slot: Slot, chunks: tuple[i
     paths = ", ".join(str(c.ins_index) for c in slot.contributions)
     w(f"// ---- out{k}: {slot.name}, {slot.mode} lanes, paths [{paths}]")
     w.open("")
-    lane_mul = slot.muls[slot.letters.index(slot.lane_letter)] if slot.role == "w" else slot.mul
+    lane_mul = slot.lane_mul
     if slot.mode == "output":
-        begin, end = chunks or (0, -(-lane_mul // WARP))
+        begin, end = chunks or (0, slot_chunks(slot))
         w("#pragma unroll 1")
         w.open(f"for (int c = {begin}; c < {end}; ++c)")
         w("const int lc = c * 32 + lane;")
@@ -550,10 +550,11 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
     if "y" in outs:
         w(f"for (int q = lane; q < {WARP * y_dim}; q += 32) ysum[q] = T(0);")
         w("__syncwarp();")
+    reads_x = "x" in dict(joint.arrays)  # x̄ alone does not read x
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
         w("long long cur = -1, cur_x = -1;")
-        if "x" in dict(joint.arrays):
+        if reads_x:
             w(f"T {', '.join(f'xr_{q} = T(0)' for q in range(dim))};")
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
@@ -588,7 +589,6 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
             _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x")
             w.close()
         w("cur_x = ix_x;")
-        reads_x = "x" in dict(joint.arrays)  # x̄ alone does not read x
         if reads_x:
             w.open("")
             if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim)):

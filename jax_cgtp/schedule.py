@@ -114,6 +114,11 @@ class Slot:
     def size(self) -> int:
         return self.mul * self.dim
 
+    @property
+    def lane_mul(self) -> int:
+        """Channels the lanes split, 32 per chunk (output mode)."""
+        return self.muls[self.letters.index(self.lane_letter)] if self.role == "w" else self.mul
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelOutput:
@@ -477,10 +482,7 @@ def shared_tile_for(edges: int) -> int:
 
 def slot_chunks(slot: Slot) -> int:
     """The 32-channel chunks a slot's lanes walk (one unit for a reduce-mode slot)."""
-    if slot.mode == "reduce":
-        return 1
-    lane_mul = slot.muls[slot.letters.index(slot.lane_letter)] if slot.role == "w" else slot.mul
-    return -(-lane_mul // WARP)
+    return 1 if slot.mode == "reduce" else -(-slot.lane_mul // WARP)
 
 
 def _chunk_cost(slot: Slot) -> int:
@@ -510,10 +512,11 @@ def slot_groups(slots, tiles: int, max_warps: int, itemsize: int) -> tuple[tuple
     count = min(MAX_GROUPS, len(units), max_warps, wanted)
     if count <= 1:
         return ()
+    costs = [_chunk_cost(slot) for slot in slots]
     loads, members = [0] * count, [[] for _ in range(count)]
-    for k, c in sorted(units, key=lambda u: -_chunk_cost(slots[u[0]])):
+    for k, c in sorted(units, key=lambda u: -costs[u[0]]):
         g = loads.index(min(loads))
-        loads[g] += _chunk_cost(slots[k])
+        loads[g] += costs[k]
         members[g].append((k, c))
     groups = []
     for unit_list in members:

@@ -3,7 +3,8 @@
 ``python -m benchmarks.run`` times jax_cgtp, e3nn-jax, cuequivariance-jax and
 OpenEquivariance's JAX extension in one process on the same random inputs, for the public
 configs (:mod:`benchmarks.configs`) and the phases of :mod:`benchmarks.phases`; it reports each
-library's median milliseconds, jax_cgtp's speedup over each peer, the minimum bytes and FLOP of
+library's time per call (calls queued back to back, and one blocking call; see
+:mod:`benchmarks.timing`), jax_cgtp's speedup over each peer, the minimum bytes and FLOP of
 the phase (:mod:`benchmarks.cost`) and the fraction of the measured memory and compute ceilings
 (:mod:`benchmarks.ceilings`) that each library reaches. ``python -m benchmarks.report`` redraws
 the table and plots from saved JSON files.

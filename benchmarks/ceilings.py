@@ -1,9 +1,10 @@
 """The device's two ceilings, measured at the start of a run rather than taken from a datasheet.
 
 - Copy bandwidth: a jitted ``jnp.copy`` of a large float32 array (2 GiB on a GPU, far beyond the
-  L2 cache), counting the bytes read plus the bytes written, median of the timed runs.
+  L2 cache), counting the bytes read plus the bytes written, per call (pipelined, see
+  :mod:`benchmarks.timing`).
 - Peak FLOP/s per dtype: a jitted square matrix product (``precision=HIGHEST``, so float32 does
-  not fall back to TF32), ``2 n^3`` FLOP per product, median of the timed runs.
+  not fall back to TF32), ``2 n^3`` FLOP per product, per call (pipelined).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .timing import compile_function, time_compiled
+from .timing import compile_function, per_call_ms, time_compiled
 
 
 def copy_bandwidth(nbytes: int, warmup: int, runs: int) -> dict:
@@ -22,7 +23,7 @@ def copy_bandwidth(nbytes: int, warmup: int, runs: int) -> dict:
     a = jnp.arange(n, dtype=jnp.float32)  # nonzero values; one cheap compilation
     compiled = compile_function(jnp.copy, (a,))
     t = time_compiled(compiled, (a,), warmup, runs)
-    return {"bytes_per_s": 2 * n * 4 / (t["median_ms"] * 1e-3), "array_bytes": n * 4, **t}
+    return {"bytes_per_s": 2 * n * 4 / (per_call_ms(t) * 1e-3), "array_bytes": n * 4, **t}
 
 
 def matmul_peak(n: int, dtype, warmup: int, runs: int) -> dict:
@@ -34,7 +35,7 @@ def matmul_peak(n: int, dtype, warmup: int, runs: int) -> dict:
 
     compiled = compile_function(product, (a, b))
     t = time_compiled(compiled, (a, b), warmup, runs)
-    return {"flop_per_s": 2 * n**3 / (t["median_ms"] * 1e-3), "n": n, **t}
+    return {"flop_per_s": 2 * n**3 / (per_call_ms(t) * 1e-3), "n": n, **t}
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))

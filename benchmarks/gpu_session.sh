@@ -25,16 +25,26 @@
 #   --seconds N      [SESSION_SECONDS] the call's time limit (default 570): the benchmark starts no
 #                    new group of rows after N - 90 s from the start of this script, so its
 #                    files are written before the device tool stops the call
+#   --base DIR       [BASE_TREE]      A/B in one call: DIR is a plain copy of another commit's tree
+#                                     (git archive REV | tar -x -C .ab/base; carry .ab too), built and
+#                                     benchmarked first, jax_cgtp alone, with the same phases, configs
+#                                     and dtypes (bench-TAG-base.json/txt; BASE_COMMIT names it); then
+#                                     this tree is built and everything else runs as usual
+#   --ncu SPECS      [NCU_SPECS]      after the benchmark, profile each CONFIG:PHASE:DTYPE of the
+#                                     comma-separated list with Nsight Compute (one run of jax_cgtp's
+#                                     kernels after a warm-up; python -m benchmarks.profile): ncu.txt
 # A copy of the tree without .git cannot name its commit, and the device's copy of .git can be
 # stale: pass JAX_CGTP_GIT_COMMIT=<sha[-dirty]> as a literal, taken from this machine's checkout.
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
-# gpu-tests-large.log, e2e.txt, bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png.
+# gpu-tests-large.log, e2e.txt, bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png,
+# bench-TAG-base.json, bench-TAG-base.txt, ncu.txt (pass -- --no-plots to drop the two PNGs).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 
 PHASES=${BENCH_PHASES:-}; CONFIGS=${BENCH_CONFIGS:-}; DTYPES=${BENCH_DTYPES:-}; LIBS=${BENCH_LIBS:-}
 TAG=${BENCH_TAG:-}; SESSION_SECONDS=${SESSION_SECONDS:-570}; SKIP_TESTS=${SKIP_TESTS:-0}; SKIP_BENCH=${SKIP_BENCH:-0}; PYTEST_ARGS=${PYTEST_ARGS:-}
 PYTEST_WORKERS=${PYTEST_WORKERS:-4}; SKIP_LARGE=${SKIP_LARGE:-0}; RUN_E2E=${RUN_E2E:-0}
+BASE_TREE=${BASE_TREE:-}; NCU_SPECS=${NCU_SPECS:-}
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -50,6 +60,8 @@ while [ $# -gt 0 ]; do
     --workers) PYTEST_WORKERS=$2; shift 2 ;;
     --skip-large) SKIP_LARGE=1; shift ;;
     --e2e) RUN_E2E=1; shift ;;
+    --base) BASE_TREE=$2; shift 2 ;;
+    --ncu) NCU_SPECS=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "gpu_session.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -90,6 +102,28 @@ if [ -n "$ext" ] && [ -n "$src" ]; then
   export PYTHONPATH="${src_dir%/}:$PYTHONPATH"
 else
   echo "no OpenEquivariance archives in .whl (fetch-wheels.sh --with-oeq)" | tee -a "$SETUP"
+fi
+
+bench_args() {  # the benchmark's options, with a time budget of $1 seconds
+  args=(--out "$OUT" --time-budget "$1")
+  [ -n "$PHASES" ] && args+=(--phases "$PHASES")
+  [ -n "$CONFIGS" ] && args+=(--configs "$CONFIGS")
+  [ -n "$DTYPES" ] && args+=(--dtype "$DTYPES")
+}
+if [ -z "$TAG" ]; then
+  TAG=$(printf '%s' "${PHASES:-all}-${CONFIGS:-public}-${DTYPES:-both}" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-60)
+fi
+
+if [ -n "$BASE_TREE" ]; then
+  step "A/B: build and benchmark the base tree $BASE_TREE (${BASE_COMMIT:-unnamed}; log in setup.log)"
+  if python3 -m pip install --no-build-isolation --no-deps -e "$BASE_TREE" >>"$SETUP" 2>&1; then
+    bench_args "$(( (SESSION_SECONDS - 90 - SECONDS) / 2 ))"
+    (cd "$BASE_TREE" && JAX_CGTP_GIT_COMMIT=${BASE_COMMIT:-unknown} python3 -m benchmarks.run "${args[@]}" \
+      --libs jax_cgtp --no-plots --tag "$TAG-base") >>"$SETUP" 2>&1
+    echo "base benchmark exit status $?" | tee -a "$SETUP"
+  else
+    echo "base tree build FAILED (see setup.log)" | tee -a "$SETUP"
+  fi
 fi
 
 step "build jax_cgtp in place"
@@ -144,18 +178,28 @@ fi
 
 bench_rc=0
 if [ "$SKIP_BENCH" != 1 ]; then
-  if [ -z "$TAG" ]; then
-    TAG=$(printf '%s' "${PHASES:-all}-${CONFIGS:-public}-${DTYPES:-both}" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-60)
-  fi
-  args=(--out "$OUT" --tag "$TAG" --time-budget "$(( SESSION_SECONDS - 90 - SECONDS ))")
-  [ -n "$PHASES" ] && args+=(--phases "$PHASES")
-  [ -n "$CONFIGS" ] && args+=(--configs "$CONFIGS")
-  [ -n "$DTYPES" ] && args+=(--dtype "$DTYPES")
+  bench_args "$(( SESSION_SECONDS - 90 - SECONDS ))"
+  args+=(--tag "$TAG")
   [ -n "$LIBS" ] && args+=(--libs "$LIBS")
   step "python3 -m benchmarks.run ${args[*]} ${EXTRA[*]:-} (log: bench-$TAG.log)"
   python3 -m benchmarks.run "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} 2>&1 | tee "$OUT/bench-$TAG.log" | grep -v '^\['
   bench_rc=${PIPESTATUS[0]}
   echo "benchmark exit status $bench_rc" | tee -a "$SETUP"
+fi
+
+if [ -n "$NCU_SPECS" ]; then
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
+  for spec in ${NCU_SPECS//,/ }; do
+    IFS=: read -r cfg phase dtype <<<"$spec"
+    step "Nsight Compute: $cfg $phase $dtype (ncu.txt)"
+    launches=$(python3 -m benchmarks.profile "$cfg" "$phase" "$dtype" --launches 2>>"$OUT/ncu.txt")
+    echo "== $cfg $phase $dtype: $launches launch(es) per run" >>"$OUT/ncu.txt"
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 "${NCU:-ncu}" --clock-control none --kernel-name cgtp_kernel \
+      --launch-skip "$launches" --launch-count "$launches" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      python3 -m benchmarks.profile "$cfg" "$phase" "$dtype" >>"$OUT/ncu.txt" 2>&1
+    echo "ncu exit status $?" | tee -a "$SETUP"
+  done
 fi
 
 ls -la "$OUT"

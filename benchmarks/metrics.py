@@ -2,13 +2,17 @@
 
 - ``memory_floor_ms = min_bytes / copy bandwidth`` and ``compute_floor_ms = FLOP / matmul
   peak`` of the row's dtype (both measured by :mod:`benchmarks.ceilings` in the same run);
-- per library: ``floor_fraction = memory_floor_ms / ms`` (1.0 means it moves its minimum bytes
-  at copy speed), achieved GFLOP/s and ``peak_fraction`` of the measured peak;
+- per library, with ``ms`` its per-call time (:func:`benchmarks.timing.per_call_ms`: calls
+  queued back to back): ``floor_fraction = memory_floor_ms / ms`` (1.0 means it moves its
+  minimum bytes at copy speed), achieved GFLOP/s and ``peak_fraction`` of the measured peak;
 - ``speedup[peer] = peer ms / jax_cgtp ms`` wherever both ran (a mismatching result still gets
-  its number; the row flags it).
+  its number; the row flags it), and ``sync_speedup[peer]``, the same for one blocking call
+  (``median_ms``: host dispatch and the round trip included).
 """
 
 from __future__ import annotations
+
+from .timing import per_call_ms
 
 MAIN = "jax_cgtp"
 
@@ -20,16 +24,15 @@ def derive(row: dict, ceilings: dict) -> dict:
     row["memory_floor_ms"] = row["min_bytes"] / bandwidth * 1e3
     row["compute_floor_ms"] = row["gflop"] * 1e9 / peak * 1e3 if peak else None
     for result in row["results"].values():
-        ms = result.get("median_ms")
+        ms = per_call_ms(result)
         if ms is None:
             continue
         result["floor_fraction"] = row["memory_floor_ms"] / ms
         result["gflop_per_s"] = row["gflop"] / (ms * 1e-3)
         result["bytes_per_s"] = row["min_bytes"] / (ms * 1e-3)
         result["peak_fraction"] = result["gflop_per_s"] * 1e9 / peak if peak else None
-    main = row["results"].get(MAIN, {}).get("median_ms")
-    row["speedup"] = {
-        lib: (result["median_ms"] / main if main and result.get("median_ms") else None)
-        for lib, result in row["results"].items() if lib != MAIN
-    }
+    for key, time_of in (("speedup", per_call_ms), ("sync_speedup", lambda r: r.get("median_ms"))):
+        main = time_of(row["results"].get(MAIN, {}))
+        row[key] = {lib: (time_of(result) / main if main and time_of(result) else None)
+                    for lib, result in row["results"].items() if lib != MAIN}
     return row

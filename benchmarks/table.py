@@ -1,26 +1,30 @@
 """The readable report: peers side by side, jax_cgtp's speedups, and the fractions of the floors.
 
-One time table per dtype (median ms per library; ``!`` marks a result that disagreed with the
-reference, see the notes), one memory table (XLA's accounting of each compiled phase, MiB), and
-notes listing each library's version or why it is missing, and every mismatch, unsupported
-problem and error.
+One time table per dtype (per-call ms per library, calls queued back to back, with the speedups
+and floor fractions derived from them; ``!`` marks a result that disagreed with the reference,
+see the notes), one table of synchronous times (one blocking call: host dispatch and the round
+trip included), one memory table (XLA's accounting of each compiled phase, MiB), and notes
+listing each library's version or why it is missing, and every mismatch, unsupported problem
+and error.
 """
 
 from __future__ import annotations
 
 from .metrics import MAIN
 from .peers import LIBRARIES
+from .timing import per_call_ms
 
 PEERS = tuple(lib for lib in LIBRARIES if lib != MAIN)
 
 _STATUS_CELL = {"missing": "missing", "unsupported": "unsupp.", "error": "error"}
 
 
-def _cell(result: dict | None) -> str:
+def _cell(result: dict | None, time_of=per_call_ms) -> str:
     if not result:
         return "-"
-    if result.get("median_ms") is not None and result["status"] in ("ok", "mismatch"):
-        return f"{result['median_ms']:.3f}" + ("!" if result["status"] == "mismatch" else "")
+    ms = time_of(result)
+    if ms is not None and result["status"] in ("ok", "mismatch"):
+        return f"{ms:.3f}" + ("!" if result["status"] == "mismatch" else "")
     return _STATUS_CELL.get(result["status"], result["status"])
 
 
@@ -63,6 +67,18 @@ def time_table(rows: list[dict], libraries: list[str]) -> list[str]:
                     + ["-" if s is None else f"{s:.2f}" for s in speed]
                     + [f"{row['memory_floor_ms']:.3f}", _pct(main.get("floor_fraction")),
                        _pct(max(peer_fracs) if peer_fracs else None), _pct(main.get("peak_fraction"))])
+    return _render(header, body)
+
+
+def sync_table(rows: list[dict], libraries: list[str]) -> list[str]:
+    peers = [lib for lib in libraries if lib != MAIN]
+    header = ["config", "phase", "dtype"] + [f"{lib} ms" for lib in libraries] + [f"x{p}" for p in peers]
+    body = []
+    for row in rows:
+        speed = [row.get("sync_speedup", {}).get(p) for p in peers]
+        body.append([row["config"], row["phase"], row["dtype"]]
+                    + [_cell(row["results"].get(lib), lambda r: r.get("median_ms")) for lib in libraries]
+                    + ["-" if s is None else f"{s:.2f}" for s in speed])
     return _render(header, body)
 
 
@@ -119,8 +135,11 @@ def render(report: dict) -> str:
                      f"{meta['protocol']['warmup']} warm-ups; jax_cgtp backend {meta.get('jax_cgtp_backend')}")
     for dtype in dict.fromkeys(row["dtype"] for row in report["rows"]):
         rows = [row for row in report["rows"] if row["dtype"] == dtype]
-        lines += ["", f"== {dtype}: median ms (speedup = peer ms / {MAIN} ms; %floor = memory floor / ms) =="]
+        lines += ["", f"== {dtype}: ms per call, calls queued back to back (speedup = peer ms / {MAIN} ms; "
+                  f"%floor = memory floor / ms) =="]
         lines += time_table(rows, libraries)
+    lines += ["", "== one blocking call: median ms (host dispatch and the round trip included), speedups =="]
+    lines += sync_table(report["rows"], libraries)
     lines += ["", "== memory of each compiled phase (XLA memory_analysis: temporaries / all buffers) =="]
     lines += memory_table(report["rows"], libraries)
     lines += [""] + notes(report)

@@ -19,6 +19,28 @@ __device__ __forceinline__ void cgtp_stage(T* __restrict__ dst, const T* __restr
   }
 }
 
+// The same copy split in two, so that the loads can be issued one edge ahead of their use: the
+// coalesced elements of a chunk into registers (`raw[r]` = element `r * 32 + lane`, zero past
+// `count` or when `ok` is false), then, later, from registers into the staging rows.
+template <int S>
+__device__ __forceinline__ void cgtp_fetch(T (&raw)[S], const T* __restrict__ src, int count, int lane,
+                                           bool ok) {
+#pragma unroll
+  for (int r = 0; r < S; ++r) {
+    const int q = r * 32 + lane;
+    raw[r] = (ok && q < count) ? src[q] : T(0);
+  }
+}
+
+template <int S, int SP>
+__device__ __forceinline__ void cgtp_unpack(T* __restrict__ dst, const T (&raw)[S], int lane) {
+#pragma unroll
+  for (int r = 0; r < S; ++r) {
+    const int q = r * 32 + lane;
+    dst[(SP == S) ? q : (q / S) * SP + q % S] = raw[r];
+  }
+}
+
 // Flush operations: plain store (the row belongs to this edge), read-modify-write (the row belongs
 // to this warp: a deterministic segment), reduction (the element belongs to this lane: a shared
 // operand's per-warp partial row), atomic add (rows shared between warps).

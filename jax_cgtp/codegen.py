@@ -479,11 +479,12 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
     w.close()
 
 
-def _emit_joint_rows(w: _Writer, schedule: KernelSchedule) -> None:
-    """Pointers ``p_{role}`` to this edge's row of each input of a joint pass."""
+def _emit_joint_rows(w: _Writer, schedule: KernelSchedule, roles=("x", "y", "w", "z")) -> None:
+    """Pointers ``p_{role}`` to this edge's row of each input of a joint pass (of ``roles``)."""
     problem = schedule.call.problem
     for role, a in schedule.joint.arrays:
-        w(f"const T* const p_{role} = in{a} + {_row_of(schedule, role)} * {problem.operand_dim(role)}LL;  // {role} row")
+        if role in roles:
+            w(f"const T* const p_{role} = in{a} + {_row_of(schedule, role)} * {problem.operand_dim(role)}LL;  // {role} row")
 
 
 def _open_joint_chunks(w: _Writer, x_offset: int, mul: int, dim: int, paths) -> None:
@@ -497,22 +498,133 @@ def _open_joint_chunks(w: _Writer, x_offset: int, mul: int, dim: int, paths) -> 
     w(f"const int nrows = {mul} - c * 32 < 32 ? {mul} - c * 32 : 32;")
 
 
+def _emit_tile_y(w: _Writer, schedule: KernelSchedule) -> None:
+    """Stage the y rows of the tile's edges in ``stage_y`` (row ``t`` for the tile's edge ``t``),
+    once per tile: every chunk of every x block then reads its y components from there."""
+    problem = schedule.call.problem
+    dim = problem.operand_dim("y")
+    array = dict(schedule.joint.arrays)["y"]
+    w(f"// the y rows of the tile's edges, staged once for every chunk of every x block")
+    w("__syncwarp();")
+    w.open(f"for (int q = lane; q < {WARP * dim}; q += 32)")
+    w(f"const int t = q / {dim};")
+    w("const long long row = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
+    w(f"if (t < count) stage_y[q] = in{array}[row * {dim}LL + q % {dim}];")
+    w.close()
+    w("__syncwarp();")
+
+
+def _staged_y(schedule: KernelSchedule):
+    """``y`` component ``c`` of the current edge ``t``: a staged tile row, or None (loaded per path)."""
+    if "y" not in dict(schedule.stage_sizes):
+        return None
+    dim = schedule.call.problem.operand_dim("y")
+    return lambda c: f"stage_y[t * {dim} + {c}]"
+
+
+def _ahead_rows(w: _Writer, schedule: KernelSchedule, roles) -> dict[str, str]:
+    """Declare the rows of ``roles`` for the edge ``ta`` ahead (row 0 when it is not valid)."""
+    rows = {}
+    for role in roles:
+        kind = schedule.call.kind(role)
+        if kind == SHARED:
+            rows[role] = "0"
+            continue
+        lane_value = "my_edge" if kind == BATCHED else f"my_ix_{role}"
+        w(f"const long long row_{role} = ok_a ? (long long)__shfl_sync(CGTP_FULL_MASK, {lane_value}, ta) : 0;")
+        rows[role] = f"row_{role}"
+    return rows
+
+
+def _weighted(schedule: KernelSchedule, paths) -> list[JointPath]:
+    """The paths whose weight a joint pass reads (none when it does not read ``w``)."""
+    return [p for p in paths if p.w_offset is not None] if "w" in dict(schedule.joint.arrays) else []
+
+
+def _emit_fetch_ahead(w: _Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str,
+                      x_condition: str = "") -> None:
+    """Load the operands of the tile's edge ``edge`` for this chunk into registers (``ax``: the x
+    chunk's coalesced elements; ``aw_n``: path n's weight), zero when the edge is past the tile or
+    invalid (or ``x_condition`` is false), so that they are in flight while the current edge computes."""
+    arrays = dict(schedule.joint.arrays)
+    problem = schedule.call.problem
+    weighted = _weighted(schedule, paths)
+    reads_x = "x" in arrays
+    w.open("")
+    w(f"const int ta = {edge};")
+    w("const bool ok_a = ta < count && __shfl_sync(CGTP_FULL_MASK, (int)my_ok, ta) != 0;")
+    rows = _ahead_rows(w, schedule, (["x"] if reads_x else []) + (["w"] if weighted else []))
+    if reads_x:
+        condition = f"ok_a && ({x_condition})" if x_condition else "ok_a"
+        w(f"cgtp_fetch<{dim}>(ax, in{arrays['x']} + {rows['x']} * {problem.operand_dim('x')}LL + {x_offset} + "
+          f"c * {WARP * dim}LL, nrows * {dim}, lane, {condition});")
+    if weighted:
+        w(f"const T* const pw_a = in{arrays['w']} + {rows['w']} * {problem.operand_dim('w')}LL;")
+    for p in weighted:
+        w(f"aw_{p.ins_index} = ok_a && active ? pw_a[{p.w_offset} + lc] : T(0);")
+    w.close()
+
+
+def _emit_ahead(w: _Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, x_condition: str = "") -> None:
+    """Declare the look-ahead registers of a chunk and load them for the tile's first edge."""
+    if "x" in dict(schedule.joint.arrays):
+        w(f"T ax[{dim}];")
+    weighted = _weighted(schedule, paths)
+    if weighted:
+        w(f"T {', '.join(f'aw_{p.ins_index}' for p in weighted)};")
+    w("// the next edge's x chunk and weights are loaded while the current edge computes")
+    _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "0", x_condition)
+
+
+def _take_ahead(w: _Writer, schedule: KernelSchedule, dim: int, paths) -> dict[str, str]:
+    """Copy the look-ahead registers (this edge's operands) before they are refilled; returns the
+    current weight of each weighted path by instruction index."""
+    if "x" in dict(schedule.joint.arrays):
+        w(f"T cx[{dim}] = {{{', '.join(f'ax[{r}]' for r in range(dim))}}};")
+    weights = {}
+    for p in _weighted(schedule, paths):
+        w(f"const T cw_{p.ins_index} = aw_{p.ins_index};")
+        weights[p.ins_index] = f"cw_{p.ins_index}"
+    return weights
+
+
+def _emit_x_from_ahead(w: _Writer, schedule: KernelSchedule, dim: int) -> bool:
+    """Registers ``x_q`` of this lane's channel from the taken chunk ``cx`` (transposed through the
+    warp's staging rows when ``dim > 1``); True if staged (the caller syncs before the next use)."""
+    if dim == 1:
+        w("const T x_0 = cx[0];")
+        return False
+    width = stage_width(dim)
+    w(f"cgtp_unpack<{dim}, {width}>(stage_x, cx, lane);")
+    w("__syncwarp();")
+    for q in range(dim):
+        w(f"const T x_{q} = live ? stage_x[lane * {width} + {q}] : T(0);")
+    return True
+
+
 def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
     """The joint forward of a convolution: per x block and chunk, the tile's edges in order, every
     path's z chunk accumulated in registers over a run of one destination, added atomically
-    when the destination changes (edges sorted by ``dst`` make one flush per node and tile)."""
+    when the destination changes (edges sorted by ``dst`` make one flush per node and tile).
+    The next edge's x chunk and weights are loaded while the current edge computes."""
     joint = schedule.joint
     w()
     w("// ---- joint forward, z scattered: each x chunk staged once per edge for all of its block's paths;")
     w("// the paths' z chunks stay in registers while the destination node stays the same")
+    y_values = _staged_y(schedule)
+    if y_values:
+        _emit_tile_y(w, schedule)
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
         accumulators = [[f"gz{n}_{k}" for k in range(p.z_dim)] for n, p in enumerate(paths)]
         w(f"T {', '.join(a + ' = T(0)' for names in accumulators for a in names)};")
         w("long long cur = -1;")
+        _emit_ahead(w, schedule, x_offset, dim, paths)
         w("#pragma unroll 1")
         w.open("for (int t = 0; t < count; ++t)")
         _emit_edge_header(w, schedule)
+        weights = _take_ahead(w, schedule, dim, paths)
+        _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1")
         w("if (!ok) continue;")
         w.open("if (cur >= 0 && ix_z != cur)")
         for path, names in zip(paths, accumulators):
@@ -520,10 +632,11 @@ def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
         w.close()
         w("cur = ix_z;")
         w("const bool live = active;")
-        _emit_joint_rows(w, schedule)
-        staged = _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim))
+        if not y_values:
+            _emit_joint_rows(w, schedule, ("y",))
+        staged = _emit_x_from_ahead(w, schedule, dim)
         for path, names in zip(paths, accumulators):
-            _emit_joint_path(w, schedule, path, names)
+            _emit_joint_path(w, schedule, path, names, y_values, weights.get(path.ins_index))
         if staged:
             w("__syncwarp();")
         w.close()
@@ -540,7 +653,9 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
     by ``dst``: once per node and tile). The x chunk stays in registers, and x̄ accumulates,
     while the source stays the same; x̄ is flushed (atomically, or by the warp that owns a
     deterministic launch's source run) when it changes. w̄ is written per edge, and each edge's
-    ȳ summed over the warp into the tile's rows in shared memory, stored at the end."""
+    ȳ summed over the warp into the tile's rows in shared memory, stored at the end. The next
+    edge's weights, and its x chunk when its source differs, are loaded while the current edge
+    computes."""
     joint = schedule.joint
     outs = dict(joint.outputs)
     y_dim = schedule.call.problem.operand_dim("y")
@@ -550,7 +665,11 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
     if "y" in outs:
         w(f"for (int q = lane; q < {WARP * y_dim}; q += 32) ysum[q] = T(0);")
         w("__syncwarp();")
+    y_values = _staged_y(schedule)
+    if y_values:
+        _emit_tile_y(w, schedule)
     reads_x = "x" in dict(joint.arrays)  # x̄ alone does not read x
+    x_row = _row_of(schedule, "x")
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
         w("long long cur = -1, cur_x = -1;")
@@ -558,9 +677,14 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
             w(f"T {', '.join(f'xr_{q} = T(0)' for q in range(dim))};")
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
+        # the next edge's x chunk is needed only when its source differs from the one held then
+        x_ahead = f"row_x != (ok ? {x_row} : cur_x)"
+        _emit_ahead(w, schedule, x_offset, dim, paths, "row_x != cur_x")
         w("#pragma unroll 1")
         w.open("for (int t = 0; t < count; ++t)")
         _emit_edge_header(w, schedule)
+        weights = _take_ahead(w, schedule, dim, paths)
+        _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1", x_ahead if reads_x else "")
         w.open("if (!ok)")
         if "w" in outs:
             out = schedule.outputs[outs["w"]]
@@ -570,7 +694,7 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
         w("continue;")
         w.close()
         w("const bool live = active;")
-        _emit_joint_rows(w, schedule)
+        _emit_joint_rows(w, schedule, ("z",) if y_values else ("y", "z"))
         w.open("if (ix_z != cur)")
         w("cur = ix_z;")
         w("__syncwarp();")
@@ -583,15 +707,15 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
             offset += WARP * width
         w("__syncwarp();")
         w.close()
-        w.open("if (ix_x != cur_x)")
+        w.open(f"if ({x_row} != cur_x)")
         if "x" in outs:
             w.open("if (cur_x >= 0)")
             _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x")
             w.close()
-        w("cur_x = ix_x;")
+        w(f"cur_x = {x_row};")
         if reads_x:
             w.open("")
-            if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim)):
+            if _emit_x_from_ahead(w, schedule, dim):
                 w("__syncwarp();")
             w(" ".join(f"xr_{q} = x_{q};" for q in range(dim)))
             w.close()
@@ -602,7 +726,7 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
         for n in reached:
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};")
         for path, z_values in zip(paths, staged_z):
-            _emit_joint_path(w, schedule, path, z_values)
+            _emit_joint_path(w, schedule, path, z_values, y_values, weights.get(path.ins_index))
         if reached:
             lo, values = _y_sum_values(joint, reached)
             _emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
@@ -665,10 +789,13 @@ def _emit_transposed_sum(w: _Writer, values: list[str], target: str, close: str,
         w.close()
 
 
-def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_names=None) -> None:
+def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_names=None, y_values=None,
+                     weight_value: str | None = None) -> None:
     """One path's contributions for the current edge and chunk. ``z_names`` hold the path's z
     chunk across edges: registers a forward adds to (else it writes the chunk at once), or the
-    staged z̄ elements a backward reads (else it loads the chunk)."""
+    staged z̄ elements a backward reads (else it loads the chunk). ``y_values(c)`` gives y's
+    component ``c`` and ``weight_value`` the lane's weight where they are already at hand (else
+    they are loaded from the edge's rows)."""
     joint = schedule.joint
     problem = schedule.call.problem
     outs = dict(joint.outputs)
@@ -680,10 +807,11 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_na
     used = [sorted({nz[n] for nz in path.nonzeros}) for n in range(3)]
     if "y" in dict(joint.arrays):  # ȳ alone does not read y
         for j in used[1]:
-            w(f"const T y_{j} = ok ? p_y[{path.y_offset + j}] : T(0);")
+            value = y_values(path.y_offset + j) if y_values else f"ok ? p_y[{path.y_offset + j}] : T(0)"
+            w(f"const T y_{j} = {value};")
     weight = ""
     if path.w_offset is not None and "w" in dict(joint.arrays):
-        w(f"const T wt = live ? p_w[{path.w_offset} + lc] : T(0);")
+        w(f"const T wt = {weight_value or f'live ? p_w[{path.w_offset} + lc] : T(0)'};")
         weight = " * wt"
     dtype = schedule.dtype
     if "z" in outs:

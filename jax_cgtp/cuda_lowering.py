@@ -159,20 +159,33 @@ def _calls_in(jaxpr):
                     yield from _calls_in(getattr(inner, "jaxpr", inner))
 
 
+def planned_kernels(fun, *args) -> list[schedule.KernelSchedule]:
+    """The schedules of the kernels that ``jax.jit(fun)(*args)`` launches, in trace order.
+
+    Tracing alone finds the calls (derivatives included); calls whose results are unused are
+    dropped first, as ``jax.jit`` drops them (the forward of a function that returns only
+    gradients). ``args`` may be arrays or ``jax.ShapeDtypeStruct``; no GPU is needed.
+    """
+    from jax._src.interpreters import partial_eval as pe
+
+    jaxpr = jax.make_jaxpr(fun)(*args).jaxpr
+    jaxpr, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
+    kernels = []
+    for call, dtype, index_ctype, edges in _calls_in(jaxpr):
+        kernels += _plan(call, _KERNEL_DTYPES.get(dtype, "float"), index_ctype, edges)
+    return kernels
+
+
 def precompile(fun, *args, max_workers: int | None = None) -> int:
     """Compile, in parallel, the kernels every ``cgtp`` call of ``fun(*args)`` needs.
 
-    Tracing alone finds the calls (derivatives included); NVRTC runs in a thread pool, so a
-    model's first step does not compile its kernels one after the other. Returns the number of
-    kernels. Needs NVRTC and a GPU (or ``$JAX_CGTP_ARCH``).
+    NVRTC runs in a thread pool, so a model's first step does not compile its kernels one after
+    the other (:func:`planned_kernels` finds them). Returns the number of kernels. Needs NVRTC
+    and a GPU (or ``$JAX_CGTP_ARCH``).
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    jaxpr = jax.make_jaxpr(fun)(*args).jaxpr
-    kernels = set()
-    for call, dtype, index_ctype, edges in _calls_in(jaxpr):
-        kernel_dtype = _KERNEL_DTYPES.get(dtype, "float")
-        kernels.update(_plan(call, kernel_dtype, index_ctype, edges))
+    kernels = set(planned_kernels(fun, *args))
     arch = device_arch()
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         list(pool.map(lambda kernel: _kernel_image(kernel, arch), kernels))

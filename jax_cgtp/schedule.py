@@ -159,7 +159,8 @@ class JointPass:
 
     ``by_destination`` (a convolution, ``z`` or ``z̄`` indexed by ``dst``): inside each chunk the
     pass walks the tile's edges in order and keeps every path's z chunk while the destination
-    stays the same. The forward accumulates it in registers and adds it when the destination
+    stays the same. The tile's y rows are staged once per tile, and each edge's x chunk and
+    weights are loaded while the previous edge computes. The forward accumulates it in registers and adds it when the destination
     changes; the backward stages the block's ``z̄[dst]`` chunks in shared memory once per run,
     keeps the x chunk and accumulates x̄ while the source stays the same, and sums each edge's
     ȳ over the chunks in shared memory. Edges sorted by ``dst`` make one z run per node and
@@ -422,10 +423,11 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
                      by_destination)
 
 
-def _joint_buffers(joint: JointPass, y_dim: int) -> tuple[dict[str, int], int, int]:
+def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool) -> tuple[dict[str, int], int, int]:
     """Shared-memory elements per warp of a joint pass: the staged x (and, backward, z̄) chunks,
-    the transposition buffer of the outputs written by lanes (x̄ or z), and the ȳ rows of the
-    tile that a by-destination backward sums chunk by chunk."""
+    the tile's y rows (``stage_y``: a by-destination pass reading per-edge y), the transposition
+    buffer of the outputs written by lanes (x̄ or z), and the ȳ rows of the tile that a
+    by-destination backward sums chunk by chunk."""
     outputs = dict(joint.outputs)
     backward = "z" not in outputs
     stage: dict[str, int] = {}
@@ -440,6 +442,8 @@ def _joint_buffers(joint: JointPass, y_dim: int) -> tuple[dict[str, int], int, i
                 transpose = max(transpose, WARP * out_dim)
         if backward and joint.by_destination:  # the z̄ chunks of all of the block's paths at once
             stage["z"] = max(stage.get("z", 0), sum(WARP * stage_width(p.z_dim) for p in paths))
+    if stage_y:
+        stage["y"] = WARP * y_dim
     edge_sums = WARP * y_dim if joint.by_destination and "y" in outputs else 0
     return stage, transpose, edge_sums
 
@@ -582,7 +586,8 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
         )
         edge_sums = 0
         if joint is not None:
-            stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"))
+            stage_y = joint.by_destination and "y" in dict(joint.arrays) and call.kind("y") == BATCHED
+            stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y)
         kernel = KernelSchedule(
             call, dtype, index_dtype, tuple(outputs), tuple(slots),
             "segments" if segment_role else "tiles",

@@ -1,0 +1,79 @@
+"""``python -m benchmarks.profile CONFIG PHASE DTYPE``: one benchmark phase, run for a profiler.
+
+The row is built exactly as :mod:`benchmarks.run` builds it (same inputs, same phase function,
+jax_cgtp's atomic variant). The compiled phase runs ``--warmup`` times, then ``--runs`` times.
+Under Nsight Compute, skip the warm-up's kernels (every generated kernel is ``cgtp_kernel``)::
+
+    L=$(JAX_CGTP_ARCH=sm_90 python -m benchmarks.profile mace-l2-c128 conv_fwd float32 --launches)
+    ncu --clock-control none --kernel-name cgtp_kernel --launch-skip $L --launch-count $L \\
+        python -m benchmarks.profile mace-l2-c128 conv_fwd float32
+
+``--launches`` traces the phase and plans its kernels on the host, with no GPU (set
+``JAX_CGTP_ARCH``): it prints the number of launches of one run, and on stderr each launch's
+outputs, joint pass, tile, slot groups and shared memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from jax_cgtp import schedule
+from jax_cgtp.cuda_lowering import planned_kernels
+
+from . import configs, phases, problems
+from .inputs import make_inputs
+from .peers import adapter
+
+
+def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concrete: bool = True):
+    """The un-jitted phase function of jax_cgtp on the benchmark row's inputs, and those inputs
+    (their shapes only, without ``concrete``)."""
+    tp = problems.build(config)
+    conv = phases.is_conv(phase)
+    names = phases.input_names(phase)
+
+    def arrays():
+        inputs = make_inputs(tp.problem, dtype, edges, conv)
+        return tuple(getattr(inputs, name) for name in names)
+
+    impl = adapter("jax_cgtp").build(tp, jnp.dtype(dtype), conv, {})
+    return phases.phase_function(phase, impl.apply), arrays() if concrete else jax.eval_shape(arrays)
+
+
+def describe(kernel: schedule.KernelSchedule) -> str:
+    outputs = ", ".join(f"{o.role} {o.kind} by {o.flush}" for o in kernel.outputs)
+    joint = "joint pass" if kernel.joint is not None else f"{len(kernel.slots)} slots"
+    return (f"[{outputs}] {joint}, tiles of {kernel.tile} edges ({kernel.tiling}), {kernel.num_groups} group(s), "
+            f"{kernel.shared_bytes} shared bytes per block")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", choices=sorted(configs.CONFIGS))
+    parser.add_argument("phase", choices=configs.PHASES)
+    parser.add_argument("dtype", choices=configs.DTYPES)
+    parser.add_argument("--edges", type=int, default=None, help="default: the benchmark's size for the dtype")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--launches", action="store_true", help="print the launch count of one run and exit")
+    args = parser.parse_args(argv)
+    jax.config.update("jax_enable_x64", True)
+    fn, arguments = phase_and_arguments(args.config, args.phase, args.dtype, args.edges or configs.EDGES[args.dtype],
+                                        concrete=not args.launches)
+    if args.launches:
+        kernels = planned_kernels(fn, *arguments)
+        for n, kernel in enumerate(kernels):
+            print(f"launch {n}: {describe(kernel)}", file=sys.stderr)
+        print(len(kernels))
+        return
+    compiled = jax.jit(fn).lower(*arguments).compile()
+    for _ in range(args.warmup + args.runs):
+        jax.block_until_ready(compiled(*arguments))
+
+
+if __name__ == "__main__":
+    main()

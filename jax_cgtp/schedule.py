@@ -376,8 +376,9 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
 
     It applies when every path is ``uvu`` with a one-channel y block (spherical harmonics),
     every output has one term over the same inputs, and the launch is the forward (z BATCHED,
-    or INDEXED: a convolution; one path per z block) or a backward producing at least two of
+    or INDEXED: a convolution; one path per z block) or a backward producing ȳ or at least two of
     x̄, ȳ, w̄ (any of them when z̄ is gathered by ``dst``: the walk then stages it once per run).
+    ȳ alone is joint because its slots, one per y block, would each re-read their paths' x chunks.
     A deterministic convolution's launch walks one node's sorted edges at a time, so its
     scattered rows belong to the warp (flushed by read-modify-write, not atomics).
     """
@@ -386,7 +387,7 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
         return None
     forward = set(roles) == {"z"}
     by_destination = call.kind("z") == INDEXED
-    if not forward and ("z" in roles or (len(roles) < 2 and not by_destination)):
+    if not forward and ("z" in roles or (set(roles) in ({"x"}, {"w"}) and not by_destination)):
         return None
     allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,), "z": (BATCHED, INDEXED)}
     if any(o.kind not in allowed[o.role] for o in outputs):

@@ -85,6 +85,7 @@ def test_joint_forward_and_backward_match_reference():
     actual = jax.jit(functools.partial(members, kernels))(x, y, w, g)
     joint = [dict(k.joint.outputs) for k in kernel_emulator.launched()[before:] if k.joint is not None]
     assert {"z": 0} in joint and {"x": 0, "y": 1, "w": 2} in joint
+    assert {"y": 0} in joint  # ȳ alone (the force loss's gradient w.r.t. y)
     assert_close(actual, jax.jit(functools.partial(members, reference))(x, y, w, g), jnp.float64)
 
 

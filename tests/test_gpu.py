@@ -127,7 +127,7 @@ def test_shared_weight_gradient_for_every_tile_size(batch):
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_joint_passes_match_reference(dtype):
-    """Forward and fused backward of spherical-harmonics paths run as joint passes."""
+    """Forward, fused backward and ȳ alone of spherical-harmonics paths run as joint passes."""
     cuda, reference = spherical_harmonics_pair()
     keys = jax.random.split(jax.random.PRNGKey(42), 4)
     x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(

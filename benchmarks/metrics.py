@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from .timing import per_call_ms
+from .timing import per_call_ms, sync_ms
 
 MAIN = "jax_cgtp"
 
@@ -31,7 +31,7 @@ def derive(row: dict, ceilings: dict) -> dict:
         result["gflop_per_s"] = row["gflop"] / (ms * 1e-3)
         result["bytes_per_s"] = row["min_bytes"] / (ms * 1e-3)
         result["peak_fraction"] = result["gflop_per_s"] * 1e9 / peak if peak else None
-    for key, time_of in (("speedup", per_call_ms), ("sync_speedup", lambda r: r.get("median_ms"))):
+    for key, time_of in (("speedup", per_call_ms), ("sync_speedup", sync_ms)):
         main = time_of(row["results"].get(MAIN, {}))
         row[key] = {lib: (time_of(result) / main if main and time_of(result) else None)
                     for lib, result in row["results"].items() if lib != MAIN}

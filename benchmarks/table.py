@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .metrics import MAIN
 from .peers import LIBRARIES
-from .timing import per_call_ms
+from .timing import per_call_ms, sync_ms
 
 PEERS = tuple(lib for lib in LIBRARIES if lib != MAIN)
 
@@ -77,7 +77,7 @@ def sync_table(rows: list[dict], libraries: list[str]) -> list[str]:
     for row in rows:
         speed = [row.get("sync_speedup", {}).get(p) for p in peers]
         body.append([row["config"], row["phase"], row["dtype"]]
-                    + [_cell(row["results"].get(lib), lambda r: r.get("median_ms")) for lib in libraries]
+                    + [_cell(row["results"].get(lib), sync_ms) for lib in libraries]
                     + ["-" if s is None else f"{s:.2f}" for s in speed])
     return _render(header, body)
 

@@ -100,4 +100,9 @@ def time_pipelined(compiled, args, batches: int, calls: int) -> float:
 
 def per_call_ms(result: dict) -> float | None:
     """The per-call time the derived numbers use: pipelined where measured, else synchronous."""
-    return result.get("pipelined_ms") or result.get("median_ms")
+    return result.get("pipelined_ms") or sync_ms(result)
+
+
+def sync_ms(result: dict) -> float | None:
+    """The median time of one blocking call (host dispatch and the round trip included)."""
+    return result.get("median_ms")

@@ -504,7 +504,7 @@ def _emit_tile_y(w: _Writer, schedule: KernelSchedule) -> None:
     problem = schedule.call.problem
     dim = problem.operand_dim("y")
     array = dict(schedule.joint.arrays)["y"]
-    w(f"// the y rows of the tile's edges, staged once for every chunk of every x block")
+    w("// the y rows of the tile's edges, staged once for every chunk of every x block")
     w("__syncwarp();")
     w.open(f"for (int q = lane; q < {WARP * dim}; q += 32)")
     w(f"const int t = q / {dim};")
@@ -684,7 +684,7 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
         w.open("for (int t = 0; t < count; ++t)")
         _emit_edge_header(w, schedule)
         weights = _take_ahead(w, schedule, dim, paths)
-        _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1", x_ahead if reads_x else "")
+        _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1", x_ahead)
         w.open("if (!ok)")
         if "w" in outs:
             out = schedule.outputs[outs["w"]]

@@ -158,10 +158,10 @@ class JointPass:
     over the warp) and w̄ (lanes, written at once).
 
     ``by_destination`` (a convolution, ``z`` or ``z̄`` indexed by ``dst``): inside each chunk the
-    pass walks the tile's edges in order and keeps every path's z chunk while the destination
-    stays the same. The tile's y rows are staged once per tile, and each edge's x chunk and
-    weights are loaded while the previous edge computes. The forward accumulates it in registers and adds it when the destination
-    changes; the backward stages the block's ``z̄[dst]`` chunks in shared memory once per run,
+    pass walks the tile's edges in order, with the tile's y rows staged once per tile and each
+    edge's x chunk and weights loaded while the previous edge computes. It keeps every path's z
+    chunk while the destination stays the same: the forward accumulates the chunk in registers
+    and adds it when the destination changes; the backward stages the block's ``z̄[dst]`` chunks in shared memory once per run,
     keeps the x chunk and accumulates x̄ while the source stays the same, and sums each edge's
     ȳ over the chunks in shared memory. Edges sorted by ``dst`` make one z run per node and
     tile; a deterministic launch walks one node's sorted run (by ``dst`` for z, by ``src`` for

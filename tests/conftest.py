@@ -1,5 +1,19 @@
-"""Test-wide settings: float64 enabled, so reference comparisons can ask for 1e-12."""
+"""Test-wide settings: float64 enabled, so reference comparisons can ask for 1e-12; fixtures
+shared by test modules."""
 
 import jax
+import pytest
+
+from jax_cgtp import cuda_lowering
 
 jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture
+def lower_for_sm90(monkeypatch, tmp_path):
+    """Lower for an H100/H200 that is not attached, with a fresh kernel cache."""
+    monkeypatch.setenv("JAX_CGTP_ARCH", "sm_90")
+    monkeypatch.setenv("JAX_CGTP_CACHE_DIR", str(tmp_path))
+    cuda_lowering.device_arch.cache_clear()
+    yield
+    cuda_lowering.device_arch.cache_clear()

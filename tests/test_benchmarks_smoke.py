@@ -105,16 +105,12 @@ def test_min_bytes_of_the_backward_reads_four_operands_and_writes_three():
     assert cost.min_bytes(p, "conv_fwd", edges=5, nodes=2, itemsize=8) == 8 * (2 * d1 + 5 * (d2 + dw) + 2 * d3) + 5 * 2 * 4
 
 
-def test_profile_counts_the_launches_that_jit_keeps(monkeypatch, capsys):
+def test_profile_counts_the_launches_that_jit_keeps(lower_for_sm90, capsys):
     """The launches of a phase, as ``jax.jit`` runs it: a backward's unused forward is dropped."""
     from benchmarks import profile
-    from jax_cgtp import cuda_lowering
 
-    monkeypatch.setenv("JAX_CGTP_ARCH", "sm_90")
-    cuda_lowering.device_arch.cache_clear()
     counts = {}
     for phase in ("conv_fwd", "conv_bwd", "conv_dbwd"):
         profile.main(["tiny-uvu", phase, "float32", "--edges", "64", "--launches"])
         counts[phase] = int(capsys.readouterr().out)
-    cuda_lowering.device_arch.cache_clear()
     assert counts == {"conv_fwd": 1, "conv_bwd": 1, "conv_dbwd": 2}

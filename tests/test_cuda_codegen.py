@@ -18,16 +18,6 @@ from jax_cgtp.problem import MODES
 needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
 
 
-@pytest.fixture
-def lower_for_sm90(monkeypatch, tmp_path):
-    """Lower for an H100/H200 that is not attached, with a fresh kernel cache."""
-    monkeypatch.setenv("JAX_CGTP_ARCH", "sm_90")
-    monkeypatch.setenv("JAX_CGTP_CACHE_DIR", str(tmp_path))
-    cuda_lowering.device_arch.cache_clear()
-    yield
-    cuda_lowering.device_arch.cache_clear()
-
-
 def build(spec, **options):
     irreps_in1, irreps_in2, irreps_out, instructions, normalization = spec
     return jax_cgtp.TensorProduct(irreps_in1, irreps_in2, irreps_out, instructions, **normalization, **options)

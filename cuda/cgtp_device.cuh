@@ -41,14 +41,15 @@ __device__ __forceinline__ void cgtp_unpack(T* __restrict__ dst, const T (&raw)[
   }
 }
 
-// Flush operations: plain store (the row belongs to this edge), read-modify-write (the row belongs
-// to this warp: a deterministic segment), reduction (the element belongs to this lane: a shared
-// operand's per-warp partial row), atomic add (rows shared between warps).
+// Flush operations: plain store (the row belongs to this edge), owned (the row belongs to this
+// warp, which walks its node's sorted run: the run's first chunk of edges stores, later chunks add),
+// reduction (the element belongs to this lane: a shared operand's per-warp partial row), atomic add
+// (rows shared between warps).
 // A reduction is an atomic add whose result is unused (a RED instruction): unlike `*p += v` it does
 // not stall the warp until the old value arrives, and one lane's reductions of one address apply in
 // program order, so the partial sums stay bitwise reproducible.
 __device__ __forceinline__ void cgtp_store(T* p, T v) { *p = v; }
-__device__ __forceinline__ void cgtp_rmw(T* p, T v) { *p += v; }
+__device__ __forceinline__ void cgtp_own(T* p, T v, bool fresh) { *p = fresh ? v : *p + v; }
 __device__ __forceinline__ void cgtp_red(T* p, T v) { atomicAdd(p, v); }
 __device__ __forceinline__ void cgtp_atomic(T* p, T v) { atomicAdd(p, v); }
 

@@ -7,7 +7,7 @@ the slots, paths and irreps. Device helpers (staging, flushes, warp sums) come f
 ``cuda/cgtp_device.cuh``.
 
 Kernel parameters, in order: the call's inputs (``in0 ...``), one index array per INDEXED role
-(``idx_x ...``), for deterministic calls a ``(perm_r, off_r)`` pair per INDEXED role, the
+(``idx_x ...``), for ``sorted_graph`` calls a ``(perm_r, off_r)`` pair per INDEXED role, the
 kernel's outputs (``out0 ...``), then ``long long`` scalars: the edge count and the row count of
 each INDEXED role.
 """
@@ -64,6 +64,19 @@ def _literal(value: float, dtype: str) -> str:
     return f"{value:.17e}" if dtype == "double" else f"{value:.9e}f"
 
 
+def _put(out, address: str, value: str) -> str:
+    """The statement that flushes ``value`` to ``address`` of output ``out`` (a KernelOutput)."""
+    fresh = ", fresh" if out.flush == "own" else ""
+    return f"cgtp_{out.flush}({address}, {value}{fresh});"
+
+
+def _owned_end(out, cur: str = "cur") -> tuple[str, str]:
+    """``(condition, row)`` of the flush that ends a tile's walk: the run's node for an owned
+    output (written even when no edge of the tile was valid), else the row ``cur`` last
+    accumulated."""
+    return ("owned", "seg") if out.flush == "own" else (f"{cur} >= 0", cur)
+
+
 def _row_of(schedule: KernelSchedule, role: str) -> str:
     kind = schedule.call.kind(role)
     return {BATCHED: "e", INDEXED: f"ix_{role}", SHARED: "0"}[kind]
@@ -91,7 +104,7 @@ def generate(schedule: KernelSchedule) -> str:
     w(device_header())
     params = [f"const T* __restrict__ in{n}" for n in range(call.num_inputs)]
     params += [f"const I* __restrict__ idx_{r}" for r in call.indexed_roles]
-    if call.deterministic:
+    if call.sorted_graph:
         for r in call.indexed_roles:
             params += [f"const I* __restrict__ perm_{r}", f"const I* __restrict__ off_{r}"]
     params += [f"T* __restrict__ out{k}" for k in range(len(schedule.outputs))]
@@ -141,7 +154,9 @@ def _emit_tiles(w: _Writer, schedule: KernelSchedule) -> None:
         w("const long long seg = run - 1;")
         w(f"const long long seg_begin = seg < 0 ? 0 : (long long)off_{r}[seg];")
         w(f"const long long seg_end = seg < rows_{r} ? (long long)off_{r}[seg + 1] : num_edges;")
+        _emit_owned_zeros(w, schedule)
         w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
+        w("const bool fresh = first == seg_begin;  // the run's first edges store, later ones add")
         w("const int count = (int)(seg_end - first < 32 ? seg_end - first : 32);")
         w(f"const long long my_edge = lane < count ? (long long)perm_{r}[first + lane] : 0;")
     else:
@@ -168,6 +183,8 @@ def _emit_tiles(w: _Writer, schedule: KernelSchedule) -> None:
         for slot in schedule.slots:
             _emit_slot(w, schedule, slot)
     for k, out in enumerate(schedule.outputs):
+        if out.kind != BATCHED:
+            continue
         for start, end in out.zero_ranges:
             w(f"// out{k} ({out.role}) components [{start}, {end}) have no path: zeros")
             w.open("for (int t = 0; t < count; ++t)" if groups == 1 else "for (int t = 0; group == 0 && t < count; ++t)")
@@ -178,6 +195,22 @@ def _emit_tiles(w: _Writer, schedule: KernelSchedule) -> None:
     if schedule.tiling == "segments":
         w.close()
     w.close()
+
+
+def _emit_owned_zeros(w: _Writer, schedule: KernelSchedule) -> None:
+    """Zeros where a run's node gets no flush: its whole row when the run is empty, and the
+    components no path writes (group 0 of a grouped launch)."""
+    r = schedule.segment_role
+    w(f"const bool owned = seg >= 0 && seg < rows_{r};  // the node whose row this warp writes")
+    guard = "owned" if schedule.num_groups == 1 else "owned && group == 0"
+    for k, out in enumerate(schedule.outputs):
+        if out.flush != "own":
+            continue
+        w(f"if ({guard} && seg_begin == seg_end) "
+          f"for (int q = lane; q < {out.dim}; q += 32) out{k}[seg * {out.dim}LL + q] = T(0);  // no edges")
+        for start, end in out.zero_ranges:
+            w(f"if ({guard}) for (int q = lane; q < {end - start}; q += 32) "
+              f"out{k}[seg * {out.dim}LL + {start} + q] = T(0);  // components [{start}, {end}) have no path")
 
 
 def _emit_edge_header(w: _Writer, schedule: KernelSchedule) -> None:
@@ -232,9 +265,10 @@ def _emit_slot(w: _Writer, schedule: KernelSchedule, slot: Slot, chunks: tuple[i
     _emit_edge_header(w, schedule)
     if out.kind == INDEXED:
         w("if (!ok) continue;")
-        w.open(f"if (cur >= 0 && ix_{out.role} != cur)")
-        _emit_flush(w, schedule, slot, "cur")
-        w.close()
+        if out.flush != "own":  # an owned run has one node
+            w.open(f"if (cur >= 0 && ix_{out.role} != cur)")
+            _emit_flush(w, schedule, slot, "cur")
+            w.close()
         w(f"cur = ix_{out.role};")
     elif out.kind == SHARED:
         w("if (!ok) continue;")
@@ -249,8 +283,9 @@ def _emit_slot(w: _Writer, schedule: KernelSchedule, slot: Slot, chunks: tuple[i
         _emit_flush(w, schedule, slot, "e")
     w.close()
     if out.kind != BATCHED:
-        w.open("if (cur >= 0)")
-        _emit_flush(w, schedule, slot, "cur")
+        condition, row = _owned_end(out)
+        w.open(f"if ({condition})")
+        _emit_flush(w, schedule, slot, row)
         w.close()
     for _ in slot.outer_letters:
         w.close()
@@ -261,14 +296,13 @@ def _emit_slot(w: _Writer, schedule: KernelSchedule, slot: Slot, chunks: tuple[i
 
 def _emit_flush(w: _Writer, schedule: KernelSchedule, slot: Slot, row: str) -> None:
     out = schedule.outputs[slot.output]
-    op = f"cgtp_{out.flush}"
     accs = _accumulators(slot)
     w(f"T* const dst = out{slot.output} + {row} * {out.dim}LL + {slot.offset};")
     if slot.role == "w":
         address = f"lc * {slot.strides[slot.letters.index(slot.lane_letter)]}"
         for letter in slot.outer_letters:
             address += f" + o_{letter} * {slot.strides[slot.letters.index(letter)]}"
-        w(f"if (active) {op}(dst + {address}, acc);")
+        w(f"if (active) {_put(out, f'dst + {address}', 'acc')}")
     elif slot.mode == "reduce":
         size = len(accs)
         for a in accs:
@@ -279,9 +313,9 @@ def _emit_flush(w: _Writer, schedule: KernelSchedule, slot: Slot, row: str) -> N
         for n, a in enumerate(accs):
             w(f"if (lane == {n % WARP}) v{n // WARP} = {a};")
         for g in range(groups):
-            w(f"if ({g * WARP} + lane < {size}) {op}(dst + {g * WARP} + lane, v{g});")
+            w(f"if ({g * WARP} + lane < {size}) {_put(out, f'dst + {g * WARP} + lane', f'v{g}')}")
     elif slot.dim == 1:
-        w(f"if (active) {op}(dst + lc, acc_0);")
+        w(f"if (active) {_put(out, 'dst + lc', 'acc_0')}")
     else:
         d = slot.dim
         w.open("if (active)")
@@ -292,7 +326,7 @@ def _emit_flush(w: _Writer, schedule: KernelSchedule, slot: Slot, row: str) -> N
         w("#pragma unroll")
         w.open(f"for (int r = 0; r < {d}; ++r)")
         w("const int q = r * 32 + lane;")
-        w(f"if (q < nrows * {d}) {op}(dst + c * {WARP * d} + q, obuf[q]);")
+        w(f"if (q < nrows * {d}) {_put(out, f'dst + c * {WARP * d} + q', 'obuf[q]')}")
         w.close()
         w("__syncwarp();")
     w(" ".join(f"{a} = T(0);" for a in accs))
@@ -608,6 +642,7 @@ def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
     when the destination changes (edges sorted by ``dst`` make one flush per node and tile).
     The next edge's x chunk and weights are loaded while the current edge computes."""
     joint = schedule.joint
+    z_out = schedule.outputs[dict(joint.outputs)["z"]]
     w()
     w("// ---- joint forward, z scattered: each x chunk staged once per edge for all of its block's paths;")
     w("// the paths' z chunks stay in registers while the destination node stays the same")
@@ -626,10 +661,11 @@ def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
         weights = _take_ahead(w, schedule, dim, paths)
         _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1")
         w("if (!ok) continue;")
-        w.open("if (cur >= 0 && ix_z != cur)")
-        for path, names in zip(paths, accumulators):
-            _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, "cur")
-        w.close()
+        if z_out.flush != "own":  # an owned run has one node
+            w.open("if (cur >= 0 && ix_z != cur)")
+            for path, names in zip(paths, accumulators):
+                _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, "cur")
+            w.close()
         w("cur = ix_z;")
         w("const bool live = active;")
         if not y_values:
@@ -640,9 +676,10 @@ def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
         if staged:
             w("__syncwarp();")
         w.close()
-        w.open("if (cur >= 0)")
+        condition, row = _owned_end(z_out)
+        w.open(f"if ({condition})")
         for path, names in zip(paths, accumulators):
-            _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, "cur")
+            _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, row)
         w.close()
         w.close()
 
@@ -670,6 +707,7 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
         _emit_tile_y(w, schedule)
     reads_x = "x" in dict(joint.arrays)  # x̄ alone does not read x
     x_row = _row_of(schedule, "x")
+    x_out = schedule.outputs[outs["x"]] if "x" in outs else None
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
         w("long long cur = -1, cur_x = -1;")
@@ -708,7 +746,7 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
         w("__syncwarp();")
         w.close()
         w.open(f"if ({x_row} != cur_x)")
-        if "x" in outs:
+        if "x" in outs and x_out.flush != "own":  # an owned run has one source node
             w.open("if (cur_x >= 0)")
             _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x")
             w.close()
@@ -732,8 +770,9 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
             _emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
         w.close()
         if "x" in outs:
-            w.open("if (cur_x >= 0)")
-            _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x")
+            condition, row = _owned_end(x_out, "cur_x")
+            w.open(f"if ({condition})")
+            _emit_joint_flush(w, schedule, "x", x_offset, dim, row=row)
             w.close()
         w.close()
     if "y" in outs:
@@ -880,11 +919,10 @@ def _emit_joint_flush(w: _Writer, schedule: KernelSchedule, role: str, offset: i
     reset = row is not None
     guard = "" if out.kind == BATCHED or reset else "ok && "
     row = row or ("e" if out.kind == BATCHED else f"ix_{role}")
-    op = f"cgtp_{out.flush}"
     w.open("")
     w(f"T* const dst_{role} = out{k} + {row} * {out.dim}LL + {offset};")
     if dim == 1:
-        w(f"if ({guard}active) {op}(dst_{role} + lc, {names[0]});")
+        w(f"if ({guard}active) {_put(out, f'dst_{role} + lc', names[0])}")
     else:
         w.open("if (active)")
         for q, a in enumerate(names):
@@ -894,7 +932,7 @@ def _emit_joint_flush(w: _Writer, schedule: KernelSchedule, role: str, offset: i
         w("#pragma unroll")
         w.open(f"for (int r = 0; r < {dim}; ++r)")
         w("const int q = r * 32 + lane;")
-        w(f"if ({guard}q < nrows * {dim}) {op}(dst_{role} + c * {WARP * dim} + q, obuf[q]);")
+        w(f"if ({guard}q < nrows * {dim}) {_put(out, f'dst_{role} + c * {WARP * dim} + q', 'obuf[q]')}")
         w.close()
         w("__syncwarp();")
     if reset:

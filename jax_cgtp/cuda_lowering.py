@@ -114,7 +114,7 @@ def launch(call: Call, *args):
 def run_kernel(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars: np.ndarray):
     """One launch of ``kernel`` on ``grid`` blocks through the XLA FFI target: its outputs.
 
-    Outputs that are accumulated (not BATCHED) start from zero.
+    Outputs added to across warps (atomic or reduced, :attr:`KernelOutput.zeroed`) start from zero.
     """
     image, image_id = _kernel_image(kernel, device_arch())
     return jax.ffi.ffi_call(TARGET, shapes)(
@@ -126,7 +126,7 @@ def run_kernel(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars
         block=np.int64(kernel.block),
         shared_bytes=np.int64(kernel.shared_bytes),
         scalars=scalars,
-        zero_outputs=np.array([out.kind != BATCHED for out in kernel.outputs], np.int64),
+        zero_outputs=np.array([out.zeroed for out in kernel.outputs], np.int64),
         poison=np.int64(os.environ.get("JAX_CGTP_POISON_OUTPUTS") == "1"),
     )
 

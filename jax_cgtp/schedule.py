@@ -5,7 +5,8 @@ The schedule decides, for one :class:`~jax_cgtp.call.Call`:
 * **kernels**: the outputs are split into launches. One launch computes every output whose rows
   it can write without conflicts: all of them when scatter-sums use atomics; with a
   deterministic call, one launch per INDEXED output role, edges visited in that role's sorted
-  order and each node's run reduced by one warp.
+  order and each node's run reduced by one warp, which writes the node's row once (the forward of
+  a call with a sorted graph walks ``dst`` runs this way too: see :func:`kernel_groups`).
 * **tiles**: each warp takes a tile of edges at a time (``TILE`` consecutive edges, or one node's
   run of sorted edges) and, inside the tile, the edges one after the other.
 * **groups**: a launch with fewer tiles than the GPU holds warps spreads each tile's slots (and a
@@ -126,8 +127,14 @@ class KernelOutput:
     role: str
     kind: str
     dim: int
-    flush: str  # "store", "rmw", "red" or "atomic" (see cuda/cgtp_device.cuh)
-    zero_ranges: tuple[tuple[int, int], ...]  # BATCHED: row ranges no slot writes
+    flush: str  # "store", "own", "red" or "atomic" (see cuda/cgtp_device.cuh)
+    zero_ranges: tuple[tuple[int, int], ...]  # BATCHED or owned: row ranges no slot writes
+
+    @property
+    def zeroed(self) -> bool:
+        """Whether the launch adds into the output, which must then start from zero (rows shared
+        between warps). Stored and owned outputs are written whole by the kernel."""
+        return self.flush in ("atomic", "red")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,8 +171,8 @@ class JointPass:
     and adds it when the destination changes; the backward stages the block's ``z̄[dst]`` chunks in shared memory once per run,
     keeps the x chunk and accumulates x̄ while the source stays the same, and sums each edge's
     ȳ over the chunks in shared memory. Edges sorted by ``dst`` make one z run per node and
-    tile; a deterministic launch walks one node's sorted run (by ``dst`` for z, by ``src`` for
-    x̄), whose rows only its warp writes.
+    tile; a launch over sorted runs walks one node's edges (by ``dst`` for z, by ``src`` for
+    x̄), whose row only its warp writes, once.
 
     ``outputs`` and ``arrays`` map roles to kernel outputs and call inputs; ``blocks`` are
     ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)`` of the y blocks ȳ covers.
@@ -379,8 +386,8 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
     or INDEXED: a convolution; one path per z block) or a backward producing ȳ or at least two of
     x̄, ȳ, w̄ (any of them when z̄ is gathered by ``dst``: the walk then stages it once per run).
     ȳ alone is joint because its slots, one per y block, would each re-read their paths' x chunks.
-    A deterministic convolution's launch walks one node's sorted edges at a time, so its
-    scattered rows belong to the warp (flushed by read-modify-write, not atomics).
+    A launch over sorted runs walks one node's edges at a time, so its scattered rows belong to
+    the warp (written once per run, not added atomically).
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs):
@@ -450,9 +457,19 @@ def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool) -> tuple[dict[st
 
 
 def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
-    """Split the call's outputs into launches: ``[(output indices, segment role or None)]``."""
+    """Split the call's outputs into launches: ``[(output indices, segment role or None)]``.
+
+    A launch with a segment role walks that role's sorted runs, one node per warp, and writes
+    the role's rows once each. Deterministic calls need it for every INDEXED output. Without
+    determinism, one atomic launch runs every output, except for the forward into nodes of a
+    call whose edges come sorted (``call.sorted_graph``): its runs by ``dst`` save zero-filling
+    ``z`` and adding to it.
+    """
+    every = list(range(len(call.outputs)))
     if not call.deterministic:
-        return [(list(range(len(call.outputs))), None)]
+        if call.sorted_graph and {o.role for o in call.outputs} == {"z"} and call.kind("z") == INDEXED:
+            return [(every, "z")]
+        return [(every, None)]
     groups: dict[str | None, list[int]] = {}
     for k, output in enumerate(call.outputs):
         key = output.role if call.kind(output.role) == INDEXED else None
@@ -560,11 +577,11 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
                 flush = "store"
             elif kind == SHARED:
                 flush = "red"
-            elif call.deterministic:
-                flush = "rmw"
+            elif output.role == segment_role:
+                flush = "own"
             else:
                 flush = "atomic"
-            zero = _zero_ranges(call.problem, output.role, planned) if kind == BATCHED else ()
+            zero = _zero_ranges(call.problem, output.role, planned) if flush in ("store", "own") else ()
             outputs.append(KernelOutput(call_index, output.role, kind, call.problem.operand_dim(output.role),
                                         flush, zero))
         joint = _joint_pass(call, outputs)

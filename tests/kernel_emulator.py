@@ -100,7 +100,7 @@ def _library(source: str) -> ctypes.CDLL:
 def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
     """:func:`jax_cgtp.cuda_lowering.run_kernel`, on the host."""
     source = codegen.generate(kernel)
-    zero = [out.kind != BATCHED for out in kernel.outputs]
+    zero = [out.zeroed for out in kernel.outputs]
 
     def host(*arrays):
         inputs = [np.ascontiguousarray(a) for a in arrays]

@@ -24,8 +24,6 @@ import jax
 
 from . import Impl, Missing, Unsupported
 
-NAME = "cueq"
-
 
 def version() -> str:
     try:

@@ -15,8 +15,6 @@ import jax
 from .. import problems
 from . import Impl, Unsupported
 
-NAME = "e3nn"
-
 
 def version() -> str:
     import e3nn_jax

@@ -10,7 +10,8 @@ Under Nsight Compute, skip the warm-up's kernels (every generated kernel is ``cg
 
 ``--launches`` traces the phase and plans its kernels on the host, with no GPU (set
 ``JAX_CGTP_ARCH``): it prints the number of launches of one run, and on stderr each launch's
-outputs, joint pass, tile, slot groups and shared memory.
+outputs, joint pass, tile, slot groups and shared memory. ``--lib jax_cgtp_graph`` (or
+``jax_cgtp_det``) runs the convolution given the sorted graph instead.
 """
 
 from __future__ import annotations
@@ -26,21 +27,24 @@ from jax_cgtp.cuda_lowering import planned_kernels
 
 from . import configs, phases, problems
 from .inputs import make_inputs
-from .peers import adapter
+from .peers import OPTIONAL_LIBRARIES, adapter
 
 
-def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concrete: bool = True):
-    """The un-jitted phase function of jax_cgtp on the benchmark row's inputs, and those inputs
-    (their shapes only, without ``concrete``)."""
+def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concrete: bool = True,
+                        lib: str = "jax_cgtp"):
+    """The un-jitted phase function of ``lib`` (jax_cgtp or one of its variants) on the benchmark
+    row's inputs, and those inputs (their shapes only, without ``concrete``)."""
     tp = problems.build(config)
     conv = phases.is_conv(phase)
     names = phases.input_names(phase)
+    impl = adapter(lib).build(tp, jnp.dtype(dtype), conv, {})
 
     def arrays():
         inputs = make_inputs(tp.problem, dtype, edges, conv)
+        if conv:
+            inputs.src, inputs.dst = impl.prepare_graph(inputs.src, inputs.dst, inputs.nodes)
         return tuple(getattr(inputs, name) for name in names)
 
-    impl = adapter("jax_cgtp").build(tp, jnp.dtype(dtype), conv, {})
     return phases.phase_function(phase, impl.apply), arrays() if concrete else jax.eval_shape(arrays)
 
 
@@ -60,10 +64,12 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--launches", action="store_true", help="print the launch count of one run and exit")
+    parser.add_argument("--lib", default="jax_cgtp", choices=("jax_cgtp",) + OPTIONAL_LIBRARIES,
+                        help="jax_cgtp's convolution on src, dst (default), or given the sorted graph")
     args = parser.parse_args(argv)
     jax.config.update("jax_enable_x64", True)
     fn, arguments = phase_and_arguments(args.config, args.phase, args.dtype, args.edges or configs.EDGES[args.dtype],
-                                        concrete=not args.launches)
+                                        concrete=not args.launches, lib=args.lib)
     if args.launches:
         kernels = planned_kernels(fn, *arguments)
         for n, kernel in enumerate(kernels):

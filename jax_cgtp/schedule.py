@@ -199,6 +199,8 @@ class KernelSchedule:
     segment_role: str | None
     stage_sizes: tuple[tuple[str, int], ...]  # shared-memory elements per warp for each role
     transpose_size: int  # shared-memory elements per warp for output transposition
+    # one warp per block for walks over sorted runs: runs differ in length, and a block's warps
+    # would wait for its longest run before the block's slot is handed to the next block
     warps_per_block: int
     joint: JointPass | None = None  # replaces the slots when set
     edge_sums_size: int = 0  # shared-memory elements per warp summing a by-destination pass's ȳ rows
@@ -237,7 +239,7 @@ class KernelSchedule:
 
     @property
     def max_blocks(self) -> int:
-        return MAX_PARTIAL_BLOCKS if self.has_partials else MAX_BLOCKS
+        return MAX_PARTIAL_BLOCKS if self.has_partials else MAX_BLOCKS * WARPS_PER_BLOCK // self.warps_per_block
 
     def partial_rows(self, grid: int) -> int:
         """Rows of a SHARED output's partials: one per tile walker (the warps of one walker's
@@ -613,13 +615,13 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             segment_role,
             tuple((r, stage[r]) for r in OPERANDS if r in stage),
             transpose,
-            WARPS_PER_BLOCK,
+            1 if segment_role and not any(o.kind == SHARED for o in outputs) else WARPS_PER_BLOCK,
             joint,
             edge_sums,
         )
         if edges is not None and joint is None:
             segments = call.row_count(segment_role) if segment_role else 0
-            groups = slot_groups(kernel.slots, kernel.tiles(edges, segments), kernel.max_blocks * WARPS_PER_BLOCK,
+            groups = slot_groups(kernel.slots, kernel.tiles(edges, segments), kernel.max_blocks * kernel.warps_per_block,
                                  itemsize)
             kernel = dataclasses.replace(kernel, groups=groups)
         schedules.append(kernel)

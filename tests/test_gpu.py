@@ -238,12 +238,12 @@ def test_deterministic_convolution_is_bitwise_reproducible(joint):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_zero_edges_and_isolated_nodes(variant):
-    cuda, _ = conv_variant(pair, variant, random_problem(730, mode="uvu", lmax=2))
-    x, y, w, src, dst = random_graph(jax.random.PRNGKey(10), cuda, 7, 0, jnp.float32)
+    cuda, reference = conv_variant(pair, variant, random_problem(730, mode="uvu", lmax=2))
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(10), reference, 7, 0, jnp.float32)
     out, grads = jax.jit(lambda x, y, w: jax.value_and_grad(
         lambda x: jnp.sum(cuda(x, y, w, src, dst, 7)))(x))(x, y, w)
     assert float(out) == 0.0 and grads.shape == x.shape and not np.asarray(grads).any()
-    x, y, w, _, _ = random_graph(jax.random.PRNGKey(11), cuda, 7, 4, jnp.float32)
+    x, y, w, _, _ = random_graph(jax.random.PRNGKey(11), reference, 7, 4, jnp.float32)
     nodes = jax.jit(lambda *a: cuda(*a, jnp.array([0, 1, 0, 1]), jnp.array([2, 2, 3, 3]), 7))(x, y, w)
     assert not np.asarray(nodes)[[0, 1, 4, 5, 6]].any() and np.asarray(nodes)[2:4].any()
 

@@ -32,8 +32,8 @@
 #                                     this tree is built and everything else runs as usual
 #   --ncu SPECS      [NCU_SPECS]      after the benchmark, profile each CONFIG:PHASE:DTYPE[:LIB] of the
 #                                     comma-separated list with Nsight Compute (one run of jax_cgtp's
-#                                     kernels after a warm-up; python -m benchmarks.profile, LIB one of
-#                                     jax_cgtp, jax_cgtp_graph, jax_cgtp_det): ncu.txt
+#                                     kernels after a warm-up; python -m benchmarks.profile; LIB
+#                                     jax_cgtp (default) or jax_cgtp_det): ncu.txt
 # A copy of the tree without .git cannot name its commit, and the device's copy of .git can be
 # stale: pass JAX_CGTP_GIT_COMMIT=<sha[-dirty]> as a literal, taken from this machine's checkout.
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,

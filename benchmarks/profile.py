@@ -10,8 +10,8 @@ Under Nsight Compute, skip the warm-up's kernels (every generated kernel is ``cg
 
 ``--launches`` traces the phase and plans its kernels on the host, with no GPU (set
 ``JAX_CGTP_ARCH``): it prints the number of launches of one run, and on stderr each launch's
-outputs, joint pass, tile, slot groups and shared memory. ``--lib jax_cgtp_graph`` (or
-``jax_cgtp_det``) runs the convolution given the sorted graph instead.
+outputs, joint pass, tile, slot groups and shared memory. ``--lib jax_cgtp_det`` runs the
+deterministic convolution instead.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main(argv=None) -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--launches", action="store_true", help="print the launch count of one run and exit")
     parser.add_argument("--lib", default="jax_cgtp", choices=("jax_cgtp",) + OPTIONAL_LIBRARIES,
-                        help="jax_cgtp's convolution on src, dst (default), or given the sorted graph")
+                        help="jax_cgtp (default), or its deterministic convolution")
     args = parser.parse_args(argv)
     jax.config.update("jax_enable_x64", True)
     fn, arguments = phase_and_arguments(args.config, args.phase, args.dtype, args.edges or configs.EDGES[args.dtype],

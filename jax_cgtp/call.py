@@ -13,10 +13,9 @@ of a term after ``w`` was replaced by a tangent (unweighted paths do not depend 
 
 Array arguments of a call, in order: the inputs (``roles[n]`` says which role input ``n``
 plays), then one int index array per INDEXED role (canonical order ``x, y, w, z``), then, if the
-call is ``sorted_graph``, a ``(perm, offsets)`` pair per INDEXED role: edges sorted by that role's
-index (a stable argsort) and CSR offsets into it. Walking those runs, one warp owns each node's
-row: scatter-sums into it need no atomics and no zero fill. A ``deterministic`` call (no atomics
-at all) is always ``sorted_graph``.
+call is ``deterministic``, a ``(perm, offsets)`` pair per INDEXED role: edges sorted by that role's index (a
+stable argsort) and CSR offsets into it, which make scatter-sums into that role deterministic.
+A ``deterministic`` call carries such a pair for every INDEXED role.
 """
 
 from __future__ import annotations
@@ -51,11 +50,6 @@ class Call:
     roles: tuple[str, ...]
     outputs: tuple[Output, ...]
     deterministic: bool = False
-    sorted_graph: bool = False
-
-    def __post_init__(self):
-        if self.deterministic and not self.sorted_graph:
-            raise ValueError("cgtp: a deterministic call needs the sorted graph (sorted_graph=True)")
 
     def kind(self, role: str) -> str:
         return self.kinds[OPERANDS.index(role)]
@@ -85,7 +79,7 @@ class Call:
         indexed = self.indexed_roles
         indices = dict(zip(indexed, args[n : n + len(indexed)]))
         rest = args[n + len(indexed) :]
-        schedules = {r: (rest[2 * k], rest[2 * k + 1]) for k, r in enumerate(indexed)} if self.sorted_graph else {}
+        schedules = {r: (rest[2 * k], rest[2 * k + 1]) for k, r in enumerate(indexed)} if self.deterministic else {}
         return inputs, indices, schedules
 
     def validate(self) -> None:
@@ -119,10 +113,10 @@ def output_shape(call: Call, role: str, edges: int) -> tuple[int, ...]:
     return (edges, dim)
 
 
-def forward_call(problem: Problem, kinds, rows=(None,) * 4, deterministic=False, sorted_graph=False) -> Call:
+def forward_call(problem: Problem, kinds, rows=(None,) * 4, deterministic=False) -> Call:
     """The tensor product itself: one output ``z`` from inputs ``x, y, w``."""
     return Call(problem, tuple(kinds), tuple(rows), ("x", "y", "w"),
-                (Output("z", (Term((0, 1, 2)),)),), deterministic, sorted_graph or deterministic)
+                (Output("z", (Term((0, 1, 2)),)),), deterministic)
 
 
 def prune_inputs(call: Call, args: list):

@@ -7,7 +7,7 @@ the slots, paths and irreps. Device helpers (staging, flushes, warp sums) come f
 ``cuda/cgtp_device.cuh``.
 
 Kernel parameters, in order: the call's inputs (``in0 ...``), one index array per INDEXED role
-(``idx_x ...``), for ``sorted_graph`` calls a ``(perm_r, off_r)`` pair per INDEXED role, the
+(``idx_x ...``), for deterministic calls a ``(perm_r, off_r)`` pair per INDEXED role, the
 kernel's outputs (``out0 ...``), then ``long long`` scalars: the edge count and the row count of
 each INDEXED role.
 """
@@ -104,7 +104,7 @@ def generate(schedule: KernelSchedule) -> str:
     w(device_header())
     params = [f"const T* __restrict__ in{n}" for n in range(call.num_inputs)]
     params += [f"const I* __restrict__ idx_{r}" for r in call.indexed_roles]
-    if call.sorted_graph:
+    if call.deterministic:
         for r in call.indexed_roles:
             params += [f"const I* __restrict__ perm_{r}", f"const I* __restrict__ off_{r}"]
     params += [f"T* __restrict__ out{k}" for k in range(len(schedule.outputs))]

@@ -60,9 +60,7 @@ class TensorProductConv(TensorProduct):
         int index arrays ``src, dst (E,)`` and the static output node count -> ``(num_nodes, dim_out)``.
 
         Instead of ``src, dst, num_nodes``, pass ``graph=jax_cgtp.sort_graph(src, dst, num_nodes)``,
-        built once per graph: with ``deterministic=True`` it saves sorting the edges on every call,
-        and in either variant the forward then walks each node's edges with one warp, which
-        writes the node's output row once (no zero fill, no atomics).
+        built once per graph: with ``deterministic=True`` it saves sorting the edges on every call.
         """
         problem = self.problem
         src, dst, num_nodes = graph_endpoints(graph, src, dst, num_nodes)
@@ -94,7 +92,7 @@ class TensorProductConv(TensorProduct):
         x_nodes, y_edges, w = (jnp.asarray(a, dtype) for a in (x_nodes, y_edges, w))
         src, dst = jnp.asarray(src), jnp.asarray(dst)
         schedules = None
-        if self.deterministic or graph is not None:
+        if self.deterministic:
             graph = graph or sort_graph(src, dst, num_nodes, num_src_nodes)
             schedules = {"x": graph.by_src, "z": graph.by_dst}
         call = forward_call(
@@ -102,7 +100,6 @@ class TensorProductConv(TensorProduct):
             (INDEXED, BATCHED, SHARED if w.ndim == 1 else BATCHED, INDEXED),
             rows=(num_src_nodes, None, None, num_nodes),
             deterministic=self.deterministic,
-            sorted_graph=schedules is not None,
         )
         (out,) = primitives.bind(call, [x_nodes, y_edges, w], {"x": src, "z": dst}, schedules, backend=self.backend)
         return out

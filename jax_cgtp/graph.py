@@ -67,9 +67,7 @@ def graph_endpoints(graph, src, dst, num_nodes):
 
 
 def sort_graph(src, dst, num_nodes: int, num_src_nodes: int | None = None) -> SortedGraph:
-    """Sort a graph's edges once, for :class:`jax_cgtp.TensorProductConv` (``graph=``): the
-    deterministic variant needs both orderings, and the forward of either variant walks the
-    ``dst`` runs.
+    """Sort a graph's edges once, for :class:`jax_cgtp.TensorProductConv` with ``deterministic=True``.
 
     ``src`` indexes ``num_src_nodes`` source rows (default ``num_nodes``), ``dst`` indexes
     ``num_nodes`` destination rows.

@@ -44,7 +44,7 @@ def bind(call: Call, inputs, indices=None, schedules=None, *, backend="auto"):
     call.validate()
     indices = indices or {}
     args = list(inputs) + [indices[r] for r in call.indexed_roles]
-    if call.sorted_graph:
+    if call.deterministic:
         for role in call.indexed_roles:
             args += list(schedules[role])
     return cgtp_p.bind(*args, call=call, backend=backend)
@@ -196,7 +196,7 @@ def _batch(args, dims, *, call, backend):
         call, kinds=tuple(kinds[r] for r in OPERANDS), rows=tuple(rows[r] for r in OPERANDS)
     )
     schedules = None
-    if call.sorted_graph:
+    if call.deterministic:
         schedules = {r: sort_edges(new_indices[r], rows[r]) for r in new_call.indexed_roles}
     results = bind(new_call, new_inputs, new_indices, schedules, backend=backend)
     shaped = []

@@ -5,8 +5,7 @@ The schedule decides, for one :class:`~jax_cgtp.call.Call`:
 * **kernels**: the outputs are split into launches. One launch computes every output whose rows
   it can write without conflicts: all of them when scatter-sums use atomics; with a
   deterministic call, one launch per INDEXED output role, edges visited in that role's sorted
-  order and each node's run reduced by one warp, which writes the node's row once (the forward of
-  a call with a sorted graph walks ``dst`` runs this way too: see :func:`kernel_groups`).
+  order and each node's run reduced by one warp, which writes the node's row once.
 * **tiles**: each warp takes a tile of edges at a time (``TILE`` consecutive edges, or one node's
   run of sorted edges) and, inside the tile, the edges one after the other.
 * **groups**: a launch with fewer tiles than the GPU holds warps spreads each tile's slots (and a
@@ -462,16 +461,10 @@ def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
     """Split the call's outputs into launches: ``[(output indices, segment role or None)]``.
 
     A launch with a segment role walks that role's sorted runs, one node per warp, and writes
-    the role's rows once each. Deterministic calls need it for every INDEXED output. Without
-    determinism, one atomic launch runs every output, except for the forward into nodes of a
-    call whose edges come sorted (``call.sorted_graph``): its runs by ``dst`` save zero-filling
-    ``z`` and adding to it.
+    the role's rows once each: a deterministic call has one per INDEXED output role.
     """
-    every = list(range(len(call.outputs)))
     if not call.deterministic:
-        if call.sorted_graph and {o.role for o in call.outputs} == {"z"} and call.kind("z") == INDEXED:
-            return [(every, "z")]
-        return [(every, None)]
+        return [(list(range(len(call.outputs))), None)]
     groups: dict[str | None, list[int]] = {}
     for k, output in enumerate(call.outputs):
         key = output.role if call.kind(output.role) == INDEXED else None

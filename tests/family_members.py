@@ -78,11 +78,6 @@ def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, share
     return x, y, w, src, dst
 
 
-def with_sorted_graph(conv):
-    """``conv`` called with ``graph=sort_graph(...)`` in place of ``src, dst, num_nodes``."""
-    return lambda x, y, w, src, dst, num_nodes: conv(x, y, w, graph=jax_cgtp.sort_graph(src, dst, num_nodes))
-
-
 def conv_members(conv, num_nodes, x, y, w, src, dst):
     """The convolution, its fused backward, and the force-training second derivative.
 

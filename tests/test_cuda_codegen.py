@@ -27,9 +27,9 @@ def mace_problem():
     return jax_cgtp.channelwise_tensor_product("128x0e+128x1o+128x2e", "0e+1o+2e+3o", filter_ir_out="0e+1o+2e").problem
 
 
-def backward_call(problem, kinds, rows=(None,) * 4, deterministic=False, sorted_graph=False):
+def backward_call(problem, kinds, rows=(None,) * 4, deterministic=False):
     outputs = (Output("x", (Term((1, 2, 3)),)), Output("y", (Term((0, 2, 3)),)), Output("w", (Term((0, 1, 3)),)))
-    return Call(problem, kinds, rows, ("x", "y", "w", "z"), outputs, deterministic, sorted_graph or deterministic)
+    return Call(problem, kinds, rows, ("x", "y", "w", "z"), outputs, deterministic)
 
 
 def test_forward_lanes_split_output_channels_and_stage_x():
@@ -95,23 +95,21 @@ def test_deterministic_convolution_reduces_each_node_in_one_warp():
     assert [o.flush for o in atomic[0].outputs] == ["atomic"] and atomic[0].outputs[0].zeroed
 
 
-def test_sorted_graph_forward_owns_each_node_and_the_backward_stays_atomic():
-    """With the edges' sorted runs at hand but atomics allowed, the forward walks the ``dst``
-    runs (no zero fill, empty nodes and path-less components written as zeros); the fused
-    backward stays one atomic launch."""
+def test_deterministic_forward_owns_each_node():
+    """The forward walks the ``dst`` runs, one warp per block: no zero fill; empty nodes and
+    path-less components are written as zeros."""
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
-    rows = (10, None, None, 10)
     problem = jax_cgtp.TensorProduct("8x0e+8x1o", "0e+1o", "8x0e+8x1o+3x2e",
                                      [(0, 0, 0, "uvu", True), (1, 1, 0, "uvu", True)]).problem
-    (forward,) = schedule.plan(forward_call(problem, kinds, rows, sorted_graph=True), "float", "int")
+    call = forward_call(problem, kinds, (10, None, None, 10), deterministic=True)
+    (forward,) = schedule.plan(call, "float", "int")
     assert forward.segment_role == "z" and [o.flush for o in forward.outputs] == ["own"]
+    assert forward.warps_per_block == 1 and not forward.outputs[0].zeroed
     assert forward.outputs[0].zero_ranges == ((8, 47),)  # 8x1o and 3x2e have no path
     source = codegen.generate(forward)
     assert "// no edges" in source and "have no path" in source and "cgtp_atomic(dst" not in source
-    (backward,) = schedule.plan(backward_call(mace_problem(), kinds, rows, sorted_graph=True), "float", "int")
-    assert backward.tiling == "tiles" and [o.flush for o in backward.outputs] == ["atomic", "store", "store"]
     if nvrtc.available():
-        assert nvrtc.compile_cubin(source, "sm_90", "the owned forward")
+        assert nvrtc.compile_cubin(source, "sm_90", "the deterministic forward")
 
 
 def test_shared_weight_gradient_is_a_per_warp_partial():

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from family_members import (assert_close, conv_members, members, pair, random_graph, spherical_harmonics_pair,
-                            squared_norm_and_gradients, with_sorted_graph)
+                            squared_norm_and_gradients)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -62,35 +62,29 @@ def test_batch_sizes_and_shared_weight_tiles(batch, monkeypatch):
     assert_close(actual, jax.jit(functools.partial(squared_norm_and_gradients, reference))(*args), jnp.float64)
 
 
-@pytest.mark.parametrize("variant", ["atomic", "sorted graph", "deterministic"])
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("seed", range(2))
-def test_convolution_matches_reference(variant, seed):
-    """Slot kernels; with a sorted graph the forward owns each node's run (isolated nodes and
-    out-of-range edges included)."""
+def test_convolution_matches_reference(deterministic, seed):
     spec = random_problem(830 + seed, mode=("uvu", "uvw")[seed], lmax=2)
-    kernels, reference = pair(spec, jax_cgtp.TensorProductConv, kernels="auto",
-                              deterministic=variant == "deterministic")
+    kernels, reference = pair(spec, jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(seed), kernels, 9, 60, jnp.float64, bad_fraction=0.1, shared=seed == 1)
-    conv = with_sorted_graph(kernels) if variant == "sorted graph" else kernels
     before = _launches()
-    actual = jax.jit(functools.partial(conv_members, conv, 9))(*args)
-    launched = kernel_emulator.launched()[before:]
-    assert launched
-    if variant == "sorted graph":
-        assert [k.segment_role for k in launched if k.call.outputs[0].role == "z"] == ["z"]
+    actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
+    assert _launches() > before
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
 @pytest.mark.parametrize("joint", [False, True])
-def test_owned_runs_longer_than_a_tile(joint):
+def test_deterministic_runs_longer_than_a_tile(joint):
     """Nearly every edge goes to node 0: its run spans several 32-edge tiles, the first stores
     and the later ones add; the other nodes get zeros."""
     if joint:
-        kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
+        kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
     else:
-        kernels, reference = pair(random_problem(834, mode="uvu", lmax=1), jax_cgtp.TensorProductConv, kernels="auto")
+        kernels, reference = pair(random_problem(834, mode="uvu", lmax=1), jax_cgtp.TensorProductConv,
+                                  kernels="auto", deterministic=True)
     args = random_graph(jax.random.PRNGKey(44), kernels, 4, 100, jnp.float64, bad_fraction=0.1)
-    actual = jax.jit(functools.partial(conv_members, with_sorted_graph(kernels), 4))(*args)
+    actual = jax.jit(functools.partial(conv_members, kernels, 4))(*args)
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 4))(*args), jnp.float64)
 
 
@@ -126,20 +120,17 @@ def test_single_operand_gradients_of_the_convolution_are_joint_passes():
     assert_close(actual, jax.jit(functools.partial(gradients, reference))(x, y, w), jnp.float64)
 
 
-@pytest.mark.parametrize("sorted_by_dst, variant", [(False, "atomic"), (True, "atomic"), (False, "deterministic"),
-                                                     (False, "sorted graph")])
-def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, variant):
+@pytest.mark.parametrize("sorted_by_dst, deterministic", [(False, False), (True, False), (False, True)])
+def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, deterministic):
     """The passes by destination: z accumulated per run of one destination (long runs when
     sorted by dst), z̄ staged per run, x̄ added into source nodes; atomically, or by the warp
-    that owns the node's sorted run in the deterministic variant (and in the forward, given the
-    sorted graph)."""
+    that owns the node's sorted run in the deterministic variant."""
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto",
-                                                  deterministic=variant == "deterministic")
+                                                  deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(41), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
                         sorted_by_dst=sorted_by_dst)
-    conv = with_sorted_graph(kernels) if variant == "sorted graph" else kernels
     before = _launches()
-    actual = jax.jit(functools.partial(conv_members, conv, 9))(*args)
+    actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
     joint = [dict(k.joint.outputs) for k in kernel_emulator.launched()[before:] if k.joint is not None]
     assert {"z": 0} in joint and {"x": 0, "y": 1, "w": 2} in joint
     assert {"y": 0} in joint  # the force loss's ȳ of the gradient: z̄ gathered, one output

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 from family_members import (assert_close, conv_members, members, pair, random_graph, relative_error,
-                            spherical_harmonics_pair, squared_norm_and_gradients, with_sorted_graph)
+                            spherical_harmonics_pair, squared_norm_and_gradients)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -139,23 +139,13 @@ def test_joint_passes_match_reference(dtype):
 # ---- graph convolution
 
 
-VARIANTS = ("atomic", "sorted graph", "deterministic")
-
-
-def conv_variant(make_pair, variant, *args):
-    """``(kernels' conv, reference conv)`` of a variant: atomic on ``src, dst``, atomic given the
-    sorted graph (its forward owns each node's run), or deterministic."""
-    cuda, reference = make_pair(*args, jax_cgtp.TensorProductConv, deterministic=variant == "deterministic")
-    return (with_sorted_graph(cuda) if variant == "sorted graph" else cuda), reference
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("seed", range(4))
-def test_convolution_matches_reference(variant, dtype, seed):
+def test_convolution_matches_reference(deterministic, dtype, seed):
     spec = random_problem(700 + seed, mode=("uvu", "uvw", "uvv", "uuu")[seed], lmax=3)
-    cuda, reference = conv_variant(pair, variant, spec)
-    args = random_graph(jax.random.PRNGKey(seed), reference, 50, 800, dtype, bad_fraction=0.05, shared=seed == 1)
+    cuda, reference = pair(spec, jax_cgtp.TensorProductConv, deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(seed), cuda, 50, 800, dtype, bad_fraction=0.05, shared=seed == 1)
     expected = jax.jit(functools.partial(conv_members, reference, 50))(
         *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
     assert_close(jax.jit(functools.partial(conv_members, cuda, 50))(*args), expected, dtype)
@@ -163,27 +153,15 @@ def test_convolution_matches_reference(variant, dtype, seed):
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("sorted_by_dst", [False, True])
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst, variant):
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst, deterministic):
     """The joint passes by destination (runs of one destination, long when sorted), atomic or
-    walking each node's sorted run (the deterministic variant, and the forward given the graph)."""
-    cuda, reference = conv_variant(spherical_harmonics_pair, variant)
-    args = random_graph(jax.random.PRNGKey(43), reference, 300, 5000, dtype, bad_fraction=0.05,
-                        sorted_by_dst=sorted_by_dst)
+    walking each node's sorted run in the deterministic variant."""
+    cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(43), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     expected = jax.jit(functools.partial(conv_members, reference, 300))(
         *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
     assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)
-
-
-@pytest.mark.parametrize("joint", [False, True])
-def test_owned_runs_longer_than_a_tile(joint):
-    """Given the sorted graph, the forward's warp walks a node's run of ~4,000 edges (many
-    32-edge tiles: the first stores, the others add), and writes zeros to the other nodes."""
-    spec = () if joint else (random_problem(734, mode="uvu", lmax=2),)
-    cuda, reference = conv_variant(spherical_harmonics_pair if joint else pair, "sorted graph", *spec)
-    args = random_graph(jax.random.PRNGKey(46), reference, 5, 5000, jnp.float64, bad_fraction=0.05)
-    expected = jax.jit(functools.partial(conv_members, reference, 5))(*args)
-    assert_close(jax.jit(functools.partial(conv_members, cuda, 5))(*args), expected, jnp.float64)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -215,6 +193,19 @@ def test_convolution_check_grads_orders_1_and_2(deterministic):
 
 
 @pytest.mark.parametrize("joint", [False, True])
+def test_deterministic_runs_longer_than_a_tile(joint):
+    """The deterministic forward's warp walks a node's run of ~4,000 edges (many 32-edge tiles:
+    the first stores, the others add), and writes zeros to the nodes without edges."""
+    if joint:
+        cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
+    else:
+        cuda, reference = pair(random_problem(734, mode="uvu", lmax=2), jax_cgtp.TensorProductConv, deterministic=True)
+    args = random_graph(jax.random.PRNGKey(46), cuda, 5, 5000, jnp.float64, bad_fraction=0.05)
+    expected = jax.jit(functools.partial(conv_members, reference, 5))(*args)
+    assert_close(jax.jit(functools.partial(conv_members, cuda, 5))(*args), expected, jnp.float64)
+
+
+@pytest.mark.parametrize("joint", [False, True])
 def test_deterministic_convolution_is_bitwise_reproducible(joint):
     """Slot by slot (a random problem) and by joint passes (spherical harmonics)."""
     if joint:
@@ -236,14 +227,14 @@ def test_deterministic_convolution_is_bitwise_reproducible(joint):
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_zero_edges_and_isolated_nodes(variant):
-    cuda, reference = conv_variant(pair, variant, random_problem(730, mode="uvu", lmax=2))
-    x, y, w, src, dst = random_graph(jax.random.PRNGKey(10), reference, 7, 0, jnp.float32)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_zero_edges_and_isolated_nodes(deterministic):
+    cuda, _ = pair(random_problem(730, mode="uvu", lmax=2), jax_cgtp.TensorProductConv, deterministic=deterministic)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(10), cuda, 7, 0, jnp.float32)
     out, grads = jax.jit(lambda x, y, w: jax.value_and_grad(
         lambda x: jnp.sum(cuda(x, y, w, src, dst, 7)))(x))(x, y, w)
     assert float(out) == 0.0 and grads.shape == x.shape and not np.asarray(grads).any()
-    x, y, w, _, _ = random_graph(jax.random.PRNGKey(11), reference, 7, 4, jnp.float32)
+    x, y, w, _, _ = random_graph(jax.random.PRNGKey(11), cuda, 7, 4, jnp.float32)
     nodes = jax.jit(lambda *a: cuda(*a, jnp.array([0, 1, 0, 1]), jnp.array([2, 2, 3, 3]), 7))(x, y, w)
     assert not np.asarray(nodes)[[0, 1, 4, 5, 6]].any() and np.asarray(nodes)[2:4].any()
 

@@ -1,6 +1,6 @@
 """One small adapter per library, all with the same interface.
 
-An adapter module has ``version()`` (raises :class:`Missing` when the library cannot
+An adapter module has ``NAME``, ``version()`` (raises :class:`Missing` when the library cannot
 be imported or cannot run on this device) and ``build(tp, dtype, conv, options)`` returning an
 :class:`Impl`: the library's product (or convolution) on arrays in the library's own layout,
 plus the conversions between e3nn's layout (``mul_ir``, e3nn weight order) and the library's.
@@ -14,19 +14,14 @@ that library would keep data in its layout throughout a model.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
-import types
 from typing import Callable
 
 LIBRARIES = ("jax_cgtp", "e3nn", "cueq", "oeq")
-# Selectable with --libs, not run by default: jax_cgtp's convolution given the sorted graph.
-OPTIONAL_LIBRARIES = ("jax_cgtp_graph", "jax_cgtp_det")
+# Selectable with --libs, not run by default: jax_cgtp's deterministic convolution.
+OPTIONAL_LIBRARIES = ("jax_cgtp_det",)
 
-# name: (module, keyword arguments of its build)
-_MODULES = {"jax_cgtp": ("cgtp", {}), "e3nn": ("e3nn_jax_peer", {}), "cueq": ("cueq", {}), "oeq": ("oeq", {}),
-            "jax_cgtp_graph": ("cgtp_sorted", {"deterministic": False}),
-            "jax_cgtp_det": ("cgtp_sorted", {"deterministic": True})}
+_MODULES = {"jax_cgtp": "cgtp", "e3nn": "e3nn_jax_peer", "cueq": "cueq", "oeq": "oeq", "jax_cgtp_det": "cgtp_det"}
 
 
 class Missing(Exception):
@@ -65,8 +60,5 @@ class Impl:
 
 
 def adapter(name: str):
-    """The adapter of library ``name`` (in :data:`LIBRARIES` or :data:`OPTIONAL_LIBRARIES`):
-    its ``version()`` and ``build(tp, dtype, conv, options)``."""
-    module, keywords = _MODULES[name]
-    module = importlib.import_module(f"{__name__}.{module}")
-    return types.SimpleNamespace(version=module.version, build=functools.partial(module.build, **keywords))
+    """The adapter module of library ``name`` (one of :data:`LIBRARIES`)."""
+    return importlib.import_module(f"{__name__}.{_MODULES[name]}")

@@ -12,6 +12,8 @@ import jax_cgtp
 from .. import problems
 from . import Impl
 
+NAME = "jax_cgtp"
+
 
 def version() -> str:
     return jax_cgtp.__version__

@@ -24,6 +24,8 @@ import jax
 
 from . import Impl, Missing, Unsupported
 
+NAME = "cueq"
+
 
 def version() -> str:
     try:

@@ -15,6 +15,8 @@ import jax
 from .. import problems
 from . import Impl, Unsupported
 
+NAME = "e3nn"
+
 
 def version() -> str:
     import e3nn_jax

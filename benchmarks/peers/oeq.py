@@ -26,6 +26,8 @@ import numpy as np
 from .. import problems
 from . import Impl, Missing, Unsupported
 
+NAME = "oeq"
+
 
 def _import():
     os.environ.setdefault("OEQ_NOTORCH", "1")

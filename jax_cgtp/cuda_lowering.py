@@ -21,7 +21,7 @@ import numpy as np
 
 from . import codegen, nvrtc, schedule
 from .call import Call, num_edges, output_shape
-from .operands import BATCHED, SHARED
+from .operands import SHARED
 
 TARGET = "jax_cgtp_launch"
 _KERNEL_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}

@@ -26,7 +26,6 @@ import numpy as np
 from jax.interpreters import mlir
 
 from jax_cgtp import codegen, cuda_lowering, primitives
-from jax_cgtp.operands import BATCHED
 
 HEADER = pathlib.Path(__file__).with_name("cuda_host_emulation.h")
 COMPILER = shutil.which("g++")

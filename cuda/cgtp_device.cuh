@@ -41,6 +41,53 @@ __device__ __forceinline__ void cgtp_unpack(T* __restrict__ dst, const T (&raw)[
   }
 }
 
+// Asynchronous copy of `N` contiguous elements (rows of `S` elements) into shared-memory rows of
+// `SP` elements, issued by the warp's lanes together (cp.async: the data lands in shared memory
+// without passing through registers), then a commit that closes the group of copies a lane
+// issued, and a wait until at most `PENDING` of the lane's latest groups are still in flight. A
+// lane sees the other lanes' copies after its own wait and a __syncwarp. Unpadded rows are copied
+// as one run of elements, padded rows row by row: either way each lane's addresses are its
+// element's plus constants. On the host (the kernel emulation of the tests) the copy is plain.
+__device__ __forceinline__ void cgtp_copy_element(T* to, const T* from) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(to));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(address), "l"(from), "n"(sizeof(T)) : "memory");
+#else
+  *to = *from;
+#endif
+}
+
+template <int N, int S, int SP>
+__device__ __forceinline__ void cgtp_copy_async(T* __restrict__ dst, const T* __restrict__ src, int lane) {
+  if (SP == S) {
+#pragma unroll
+    for (int q = 0; q < N; q += 32) {
+      if (q + lane < N) cgtp_copy_element(dst + q + lane, src + q + lane);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < N / S; ++r) {
+#pragma unroll
+      for (int c = 0; c < S; c += 32) {
+        if (c + lane < S) cgtp_copy_element(dst + r * SP + c + lane, src + r * S + c + lane);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void cgtp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int PENDING>
+__device__ __forceinline__ void cgtp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+#endif
+}
+
 // Flush operations: plain store (the row belongs to this edge), owned (the row belongs to this
 // warp, which walks its node's sorted run: the run's first chunk of edges stores, later chunks add),
 // reduction (the element belongs to this lane: a shared operand's per-warp partial row), atomic add

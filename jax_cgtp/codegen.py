@@ -18,9 +18,12 @@ import functools
 import pathlib
 
 from .operands import BATCHED, INDEXED, SHARED
+from .codegen_stream import emit_stream
+from .cuda_text import Writer, emit_edge_header, emit_transposed_sum, literal, put, row_of
 from .schedule import WARP, Contribution, Factor, JointPath, KernelSchedule, Slot, slot_chunks, stage_width
 
 _HEADER = "cgtp_device.cuh"
+_BUFFERS = {"ring": "ring of weight items", "row": "output row summed over paths", "t": "t[u, k] of one item"}
 KERNEL_NAME = "cgtp_kernel"
 
 
@@ -35,39 +38,9 @@ def device_header() -> str:
     raise FileNotFoundError(f"jax_cgtp: {_HEADER} is missing from {here.parent / 'cuda'} and {here / 'cuda'}")
 
 
-class _Writer:
-    def __init__(self):
-        self.lines: list[str] = []
-        self.depth = 0
-
-    def __call__(self, line: str = "") -> None:
-        self.lines.append("  " * self.depth + line if line else "")
-
-    def open(self, line: str) -> None:
-        self(f"{line} {{" if line else "{")
-        self.depth += 1
-
-    def close(self, tail: str = "") -> None:
-        self.depth -= 1
-        self("}" + tail)
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
 def scalar_names(schedule: KernelSchedule) -> list[str]:
     """Names of the ``long long`` scalars after the buffers, in order."""
     return ["num_edges"] + [f"rows_{r}" for r in schedule.call.indexed_roles]
-
-
-def _literal(value: float, dtype: str) -> str:
-    return f"{value:.17e}" if dtype == "double" else f"{value:.9e}f"
-
-
-def _put(out, address: str, value: str) -> str:
-    """The statement that flushes ``value`` to ``address`` of output ``out`` (a KernelOutput)."""
-    fresh = ", fresh" if out.flush == "own" else ""
-    return f"cgtp_{out.flush}({address}, {value}{fresh});"
 
 
 def _owned_end(out, cur: str = "cur") -> tuple[str, str]:
@@ -77,16 +50,11 @@ def _owned_end(out, cur: str = "cur") -> tuple[str, str]:
     return ("owned", "seg") if out.flush == "own" else (f"{cur} >= 0", cur)
 
 
-def _row_of(schedule: KernelSchedule, role: str) -> str:
-    kind = schedule.call.kind(role)
-    return {BATCHED: "e", INDEXED: f"ix_{role}", SHARED: "0"}[kind]
-
-
 def generate(schedule: KernelSchedule) -> str:
     """The CUDA C++ source of ``schedule``'s kernel, named :data:`KERNEL_NAME`."""
     call = schedule.call
     problem = call.problem
-    w = _Writer()
+    w = Writer()
     w(f"// jax_cgtp kernel: {problem}")
     w(f"//   irreps_in1 (x) = {problem.irreps_in1}, irreps_in2 (y) = {problem.irreps_in2}, "
       f"irreps_out (z) = {problem.irreps_out}")
@@ -119,13 +87,13 @@ def generate(schedule: KernelSchedule) -> str:
     return w.text()
 
 
-def _emit_prologue(w: _Writer, schedule: KernelSchedule) -> None:
+def _emit_prologue(w: Writer, schedule: KernelSchedule) -> None:
     w("extern __shared__ __align__(16) unsigned char cgtp_smem[];")
     w("const int lane = threadIdx.x & 31;")
     w(f"T* const warp_smem = reinterpret_cast<T*>(cgtp_smem) + (threadIdx.x >> 5) * {schedule.smem_per_warp};")
     offset = 0
     for role, size in schedule.stage_sizes:
-        w(f"T* const stage_{role} = warp_smem + {offset};  // staged {role} rows")
+        w(f"T* const stage_{role} = warp_smem + {offset};  // {_BUFFERS.get(role, f'staged {role} rows')}")
         offset += size
     if schedule.transpose_size:
         w(f"T* const obuf = warp_smem + {offset};  // output transposition")
@@ -136,7 +104,7 @@ def _emit_prologue(w: _Writer, schedule: KernelSchedule) -> None:
     w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
 
 
-def _emit_tiles(w: _Writer, schedule: KernelSchedule) -> None:
+def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
     call = schedule.call
     groups = schedule.num_groups
     if groups > 1:
@@ -173,6 +141,8 @@ def _emit_tiles(w: _Writer, schedule: KernelSchedule) -> None:
         w(f"my_ok = my_ok && cgtp_valid(my_ix_{r}, rows_{r});")
     if schedule.joint is not None:
         _emit_joint(w, schedule)
+    elif schedule.stream is not None:
+        emit_stream(w, schedule)
     elif groups > 1:
         for g, units in enumerate(schedule.groups):
             w.open(f"if (group == {g})")
@@ -197,7 +167,7 @@ def _emit_tiles(w: _Writer, schedule: KernelSchedule) -> None:
     w.close()
 
 
-def _emit_owned_zeros(w: _Writer, schedule: KernelSchedule) -> None:
+def _emit_owned_zeros(w: Writer, schedule: KernelSchedule) -> None:
     """Zeros where a run's node gets no flush: its whole row when the run is empty, and the
     components no path writes (group 0 of a grouped launch)."""
     r = schedule.segment_role
@@ -213,20 +183,13 @@ def _emit_owned_zeros(w: _Writer, schedule: KernelSchedule) -> None:
               f"out{k}[seg * {out.dim}LL + {start} + q] = T(0);  // components [{start}, {end}) have no path")
 
 
-def _emit_edge_header(w: _Writer, schedule: KernelSchedule) -> None:
-    w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
-    w("const bool ok = __shfl_sync(CGTP_FULL_MASK, (int)my_ok, t) != 0;")
-    for r in schedule.call.indexed_roles:
-        w(f"const long long ix_{r} = __shfl_sync(CGTP_FULL_MASK, my_ix_{r}, t);")
-
-
-def _emit_pointers(w: _Writer, schedule: KernelSchedule, slot: Slot) -> None:
+def _emit_pointers(w: Writer, schedule: KernelSchedule, slot: Slot) -> None:
     call = schedule.call
     arrays = sorted({f.array for c in slot.contributions for f in c.factors})
     for a in arrays:
         role = call.roles[a]
         dim = call.problem.operand_dim(role)
-        w(f"const T* const p{a} = in{a} + {_row_of(schedule, role)} * {dim}LL;  // {role} row")
+        w(f"const T* const p{a} = in{a} + {row_of(schedule, role)} * {dim}LL;  // {role} row")
 
 
 def _accumulators(slot: Slot) -> list[str]:
@@ -237,7 +200,7 @@ def _accumulators(slot: Slot) -> list[str]:
     return [f"acc_{q}" for q in range(slot.dim)]
 
 
-def _emit_slot(w: _Writer, schedule: KernelSchedule, slot: Slot, chunks: tuple[int, int] | None = None) -> None:
+def _emit_slot(w: Writer, schedule: KernelSchedule, slot: Slot, chunks: tuple[int, int] | None = None) -> None:
     """One slot over the tile's edges; ``chunks``: its ``[first, end)`` 32-channel chunks (all)."""
     out = schedule.outputs[slot.output]
     k = slot.output
@@ -262,7 +225,7 @@ def _emit_slot(w: _Writer, schedule: KernelSchedule, slot: Slot, chunks: tuple[i
         w("long long cur = -1;")
     w("#pragma unroll 1")
     w.open("for (int t = 0; t < count; ++t)")
-    _emit_edge_header(w, schedule)
+    emit_edge_header(w, schedule)
     if out.kind == INDEXED:
         w("if (!ok) continue;")
         if out.flush != "own":  # an owned run has one node
@@ -294,7 +257,7 @@ def _emit_slot(w: _Writer, schedule: KernelSchedule, slot: Slot, chunks: tuple[i
     w.close()
 
 
-def _emit_flush(w: _Writer, schedule: KernelSchedule, slot: Slot, row: str) -> None:
+def _emit_flush(w: Writer, schedule: KernelSchedule, slot: Slot, row: str) -> None:
     out = schedule.outputs[slot.output]
     accs = _accumulators(slot)
     w(f"T* const dst = out{slot.output} + {row} * {out.dim}LL + {slot.offset};")
@@ -302,7 +265,7 @@ def _emit_flush(w: _Writer, schedule: KernelSchedule, slot: Slot, row: str) -> N
         address = f"lc * {slot.strides[slot.letters.index(slot.lane_letter)]}"
         for letter in slot.outer_letters:
             address += f" + o_{letter} * {slot.strides[slot.letters.index(letter)]}"
-        w(f"if (active) {_put(out, f'dst + {address}', 'acc')}")
+        w(f"if (active) {put(out, f'dst + {address}', 'acc')}")
     elif slot.mode == "reduce":
         size = len(accs)
         for a in accs:
@@ -313,9 +276,9 @@ def _emit_flush(w: _Writer, schedule: KernelSchedule, slot: Slot, row: str) -> N
         for n, a in enumerate(accs):
             w(f"if (lane == {n % WARP}) v{n // WARP} = {a};")
         for g in range(groups):
-            w(f"if ({g * WARP} + lane < {size}) {_put(out, f'dst + {g * WARP} + lane', f'v{g}')}")
+            w(f"if ({g * WARP} + lane < {size}) {put(out, f'dst + {g * WARP} + lane', f'v{g}')}")
     elif slot.dim == 1:
-        w(f"if (active) {_put(out, 'dst + lc', 'acc_0')}")
+        w(f"if (active) {put(out, 'dst + lc', 'acc_0')}")
     else:
         d = slot.dim
         w.open("if (active)")
@@ -326,7 +289,7 @@ def _emit_flush(w: _Writer, schedule: KernelSchedule, slot: Slot, row: str) -> N
         w("#pragma unroll")
         w.open(f"for (int r = 0; r < {d}; ++r)")
         w("const int q = r * 32 + lane;")
-        w(f"if (q < nrows * {d}) {_put(out, f'dst + c * {WARP * d} + q', 'obuf[q]')}")
+        w(f"if (q < nrows * {d}) {put(out, f'dst + c * {WARP * d} + q', 'obuf[q]')}")
         w.close()
         w("__syncwarp();")
     w(" ".join(f"{a} = T(0);" for a in accs))
@@ -347,7 +310,7 @@ def _factor_bindings(slot: Slot, contribution: Contribution) -> dict[str, str]:
     return bindings
 
 
-def _emit_contribution(w: _Writer, schedule: KernelSchedule, slot: Slot, c: Contribution) -> None:
+def _emit_contribution(w: Writer, schedule: KernelSchedule, slot: Slot, c: Contribution) -> None:
     problem = schedule.call.problem
     ins = c.ins
     names = (problem.irreps_in1[ins.i_in1], problem.irreps_in2[ins.i_in2], problem.irreps_out[ins.i_out])
@@ -458,7 +421,7 @@ def _emit_products(w, schedule, slot: Slot, c: Contribution, suffix: str, m: int
     dtype = schedule.dtype
     weight = f" * {name('w', 0)}" if "w" in factor_of and slot.role != "w" else ""
     if slot.role == "w":
-        terms = [f"{_literal(v, dtype)} * {name('x', i)} * {name('y', j)} * {name('z', k)}"
+        terms = [f"{literal(v, dtype)} * {name('x', i)} * {name('y', j)} * {name('z', k)}"
                  for i, j, k, v in c.nonzeros]
         w(f"acc += {' + '.join(terms)};")
         return
@@ -468,14 +431,14 @@ def _emit_products(w, schedule, slot: Slot, c: Contribution, suffix: str, m: int
     for nz in c.nonzeros:
         comps = dict(zip("xyz", nz[:3]))
         by_comp.setdefault(nz[position], []).append(
-            f"{_literal(nz[3], dtype)} * {name(others[0], comps[others[0]])} * {name(others[1], comps[others[1]])}"
+            f"{literal(nz[3], dtype)} * {name(others[0], comps[others[0]])} * {name(others[1], comps[others[1]])}"
         )
     for q, terms in sorted(by_comp.items()):
         acc = f"acc_{m}_{q}" if slot.mode == "reduce" else f"acc_{q}"
         w(f"{acc} += ({' + '.join(terms)}){weight};")
 
 
-def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
+def _emit_joint(w: Writer, schedule: KernelSchedule) -> None:
     """A joint pass (:class:`~jax_cgtp.schedule.JointPass`): each edge's paths, block by block."""
     joint = schedule.joint
     outs = dict(joint.outputs)
@@ -488,7 +451,7 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
       + "; each path's operand chunks are loaded once")
     w("#pragma unroll 1")
     w.open("for (int t = 0; t < count; ++t)")
-    _emit_edge_header(w, schedule)
+    emit_edge_header(w, schedule)
     _emit_joint_rows(w, schedule)
     if "y" in outs:
         for n, (_, dim) in enumerate(joint.y_blocks):
@@ -509,19 +472,19 @@ def _emit_joint(w: _Writer, schedule: KernelSchedule) -> None:
     if "y" in outs:
         out = schedule.outputs[outs["y"]]
         lo, values = _y_sum_values(joint, range(len(joint.y_blocks)))
-        _emit_transposed_sum(w, values, f"out{outs['y']}[e * {out.dim}LL + {lo} + ", "]", "=")
+        emit_transposed_sum(w, values, f"out{outs['y']}[e * {out.dim}LL + {lo} + ", "]", "=")
     w.close()
 
 
-def _emit_joint_rows(w: _Writer, schedule: KernelSchedule, roles=("x", "y", "w", "z")) -> None:
+def _emit_joint_rows(w: Writer, schedule: KernelSchedule, roles=("x", "y", "w", "z")) -> None:
     """Pointers ``p_{role}`` to this edge's row of each input of a joint pass (of ``roles``)."""
     problem = schedule.call.problem
     for role, a in schedule.joint.arrays:
         if role in roles:
-            w(f"const T* const p_{role} = in{a} + {_row_of(schedule, role)} * {problem.operand_dim(role)}LL;  // {role} row")
+            w(f"const T* const p_{role} = in{a} + {row_of(schedule, role)} * {problem.operand_dim(role)}LL;  // {role} row")
 
 
-def _open_joint_chunks(w: _Writer, x_offset: int, mul: int, dim: int, paths) -> None:
+def _open_joint_chunks(w: Writer, x_offset: int, mul: int, dim: int, paths) -> None:
     """Open the loop over the 32-channel chunks of the x block at ``x_offset`` (lanes over ``u``)."""
     w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
       f"[{', '.join(str(p.ins_index) for p in paths)}]")
@@ -532,7 +495,7 @@ def _open_joint_chunks(w: _Writer, x_offset: int, mul: int, dim: int, paths) -> 
     w(f"const int nrows = {mul} - c * 32 < 32 ? {mul} - c * 32 : 32;")
 
 
-def _emit_tile_y(w: _Writer, schedule: KernelSchedule) -> None:
+def _emit_tile_y(w: Writer, schedule: KernelSchedule) -> None:
     """Stage the y rows of the tile's edges in ``stage_y`` (row ``t`` for the tile's edge ``t``),
     once per tile: every chunk of every x block then reads its y components from there."""
     problem = schedule.call.problem
@@ -556,7 +519,7 @@ def _staged_y(schedule: KernelSchedule):
     return lambda c: f"stage_y[t * {dim} + {c}]"
 
 
-def _ahead_rows(w: _Writer, schedule: KernelSchedule, roles) -> dict[str, str]:
+def _ahead_rows(w: Writer, schedule: KernelSchedule, roles) -> dict[str, str]:
     """Declare the rows of ``roles`` for the edge ``ta`` ahead (row 0 when it is not valid)."""
     rows = {}
     for role in roles:
@@ -575,7 +538,7 @@ def _weighted(schedule: KernelSchedule, paths) -> list[JointPath]:
     return [p for p in paths if p.w_offset is not None] if "w" in dict(schedule.joint.arrays) else []
 
 
-def _emit_fetch_ahead(w: _Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str,
+def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str,
                       x_condition: str = "") -> None:
     """Load the operands of the tile's edge ``edge`` for this chunk into registers (``ax``: the x
     chunk's coalesced elements; ``aw_n``: path n's weight), zero when the edge is past the tile or
@@ -599,7 +562,7 @@ def _emit_fetch_ahead(w: _Writer, schedule: KernelSchedule, x_offset: int, dim: 
     w.close()
 
 
-def _emit_ahead(w: _Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, x_condition: str = "") -> None:
+def _emit_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, x_condition: str = "") -> None:
     """Declare the look-ahead registers of a chunk and load them for the tile's first edge."""
     if "x" in dict(schedule.joint.arrays):
         w(f"T ax[{dim}];")
@@ -610,7 +573,7 @@ def _emit_ahead(w: _Writer, schedule: KernelSchedule, x_offset: int, dim: int, p
     _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "0", x_condition)
 
 
-def _take_ahead(w: _Writer, schedule: KernelSchedule, dim: int, paths) -> dict[str, str]:
+def _take_ahead(w: Writer, schedule: KernelSchedule, dim: int, paths) -> dict[str, str]:
     """Copy the look-ahead registers (this edge's operands) before they are refilled; returns the
     current weight of each weighted path by instruction index."""
     if "x" in dict(schedule.joint.arrays):
@@ -622,7 +585,7 @@ def _take_ahead(w: _Writer, schedule: KernelSchedule, dim: int, paths) -> dict[s
     return weights
 
 
-def _emit_x_from_ahead(w: _Writer, schedule: KernelSchedule, dim: int) -> bool:
+def _emit_x_from_ahead(w: Writer, schedule: KernelSchedule, dim: int) -> bool:
     """Registers ``x_q`` of this lane's channel from the taken chunk ``cx`` (transposed through the
     warp's staging rows when ``dim > 1``); True if staged (the caller syncs before the next use)."""
     if dim == 1:
@@ -636,7 +599,7 @@ def _emit_x_from_ahead(w: _Writer, schedule: KernelSchedule, dim: int) -> bool:
     return True
 
 
-def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
+def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
     """The joint forward of a convolution: per x block and chunk, the tile's edges in order, every
     path's z chunk accumulated in registers over a run of one destination, added atomically
     when the destination changes (edges sorted by ``dst`` make one flush per node and tile).
@@ -657,7 +620,7 @@ def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
         _emit_ahead(w, schedule, x_offset, dim, paths)
         w("#pragma unroll 1")
         w.open("for (int t = 0; t < count; ++t)")
-        _emit_edge_header(w, schedule)
+        emit_edge_header(w, schedule)
         weights = _take_ahead(w, schedule, dim, paths)
         _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1")
         w("if (!ok) continue;")
@@ -684,7 +647,7 @@ def _emit_joint_scatter(w: _Writer, schedule: KernelSchedule) -> None:
         w.close()
 
 
-def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
+def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
     """The joint backward of a convolution: per x block and chunk, the tile's edges in order.
     The block's z̄ chunks are staged in shared memory when the destination changes (edges sorted
     by ``dst``: once per node and tile). The x chunk stays in registers, and x̄ accumulates,
@@ -706,7 +669,7 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
     if y_values:
         _emit_tile_y(w, schedule)
     reads_x = "x" in dict(joint.arrays)  # x̄ alone does not read x
-    x_row = _row_of(schedule, "x")
+    x_row = row_of(schedule, "x")
     x_out = schedule.outputs[outs["x"]] if "x" in outs else None
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
@@ -720,7 +683,7 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
         _emit_ahead(w, schedule, x_offset, dim, paths, "row_x != cur_x")
         w("#pragma unroll 1")
         w.open("for (int t = 0; t < count; ++t)")
-        _emit_edge_header(w, schedule)
+        emit_edge_header(w, schedule)
         weights = _take_ahead(w, schedule, dim, paths)
         _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1", x_ahead)
         w.open("if (!ok)")
@@ -767,7 +730,7 @@ def _emit_joint_gather(w: _Writer, schedule: KernelSchedule) -> None:
             _emit_joint_path(w, schedule, path, z_values, y_values, weights.get(path.ins_index))
         if reached:
             lo, values = _y_sum_values(joint, reached)
-            _emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
+            emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
         w.close()
         if "x" in outs:
             condition, row = _owned_end(x_out, "cur_x")
@@ -799,36 +762,7 @@ def _y_sum_values(joint, reached) -> tuple[int, list[str]]:
     return lo, [by_offset.get(c, "T(0)") for c in range(lo, max(by_offset) + 1)]
 
 
-def _emit_transposed_sum(w: _Writer, values: list[str], target: str, close: str, op: str) -> None:
-    """Write (``op`` "=") or add ("+=") the warp sum of each of ``values`` (per-lane partials) to
-    ``{target}q{close}``, q its position. Up to 32 values at a time by a transposed butterfly: at each step the lanes with
-    the offset bit set keep the upper half of their values and receive that half from their
-    partner, so V values take V - 1 shuffles (plus one per remaining step) instead of 5 V."""
-    for start in range(0, len(values), WARP):
-        group = values[start:start + WARP]
-        p = max(0, (len(group) - 1).bit_length())
-        regs = [f"s_{q}" for q in range(1 << p)]
-        w.open("")
-        w(" ".join(f"T {r} = {v};" for r, v in zip(regs, group + ["T(0)"] * (len(regs) - len(group)))))
-        offset, count = 16, len(regs)
-        while count > 1:
-            half = count // 2
-            w(f"const bool up{offset} = (lane & {offset}) != 0;")
-            for i in range(half):
-                w(f"{regs[i]} = (up{offset} ? {regs[i + half]} : {regs[i]}) + "
-                  f"__shfl_xor_sync(CGTP_FULL_MASK, up{offset} ? {regs[i]} : {regs[i + half]}, {offset});")
-            offset, count = offset // 2, half
-        while offset >= 1:
-            w(f"s_0 += __shfl_xor_sync(CGTP_FULL_MASK, s_0, {offset});")
-            offset //= 2
-        shift = 5 - p
-        w(f"const int q = lane >> {shift};")
-        mask = (1 << shift) - 1
-        w(f"if ({f'(lane & {mask}) == 0 && ' if mask else ''}q < {len(group)}) {target}{start} + q{close} {op} s_0;")
-        w.close()
-
-
-def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_names=None, y_values=None,
+def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, z_names=None, y_values=None,
                      weight_value: str | None = None) -> None:
     """One path's contributions for the current edge and chunk. ``z_names`` hold the path's z
     chunk across edges: registers a forward adds to (else it writes the chunk at once), or the
@@ -856,7 +790,7 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_na
     if "z" in outs:
         by_k: dict[int, list[str]] = {}
         for i, j, k, v in path.nonzeros:
-            by_k.setdefault(k, []).append(f"{_literal(v, dtype)} * x_{i} * y_{j}")
+            by_k.setdefault(k, []).append(f"{literal(v, dtype)} * x_{i} * y_{j}")
         names = z_names or [f"gz_{k}" for k in range(path.z_dim)]
         if z_names is None:
             w(f"T {', '.join(f'{a} = T(0)' for a in names)};")
@@ -874,26 +808,26 @@ def _emit_joint_path(w: _Writer, schedule: KernelSchedule, path: JointPath, z_na
     if "x" in outs:
         by_i: dict[int, list[str]] = {}
         for i, j, k, v in path.nonzeros:
-            by_i.setdefault(i, []).append(f"{_literal(v, dtype)} * y_{j} * z_{k}")
+            by_i.setdefault(i, []).append(f"{literal(v, dtype)} * y_{j} * z_{k}")
         for i, terms in sorted(by_i.items()):
             w(f"gx_{i} += ({' + '.join(terms)}){weight};")
     if "y" in outs:
         n = joint.y_blocks.index((path.y_offset, path.y_dim))
         by_j: dict[int, list[str]] = {}
         for i, j, k, v in path.nonzeros:
-            by_j.setdefault(j, []).append(f"{_literal(v, dtype)} * x_{i} * z_{k}")
+            by_j.setdefault(j, []).append(f"{literal(v, dtype)} * x_{i} * z_{k}")
         for j, terms in sorted(by_j.items()):
             w(f"gy{n}_{j} += ({' + '.join(terms)}){weight};")
     if "w" in outs and path.w_offset is not None:
         out = schedule.outputs[outs["w"]]
-        terms = " + ".join(f"{_literal(v, dtype)} * x_{i} * y_{j} * z_{k}" for i, j, k, v in path.nonzeros)
+        terms = " + ".join(f"{literal(v, dtype)} * x_{i} * y_{j} * z_{k}" for i, j, k, v in path.nonzeros)
         w(f"if (active) out{outs['w']}[e * {out.dim}LL + {path.w_offset} + lc] = {terms};")
     if staged:
         w("__syncwarp();")
     w.close()
 
 
-def _emit_joint_chunk(w: _Writer, schedule: KernelSchedule, role: str, offset: int, dim: int, comps) -> bool:
+def _emit_joint_chunk(w: Writer, schedule: KernelSchedule, role: str, offset: int, dim: int, comps) -> bool:
     """Registers ``{role}_q`` (q in ``comps``) of this lane's channel in the block at ``offset``,
     read through the warp's staging buffer when rows are wider than one; True if staged."""
     staged = dim > 1 and role in dict(schedule.stage_sizes)
@@ -908,7 +842,7 @@ def _emit_joint_chunk(w: _Writer, schedule: KernelSchedule, role: str, offset: i
     return staged
 
 
-def _emit_joint_flush(w: _Writer, schedule: KernelSchedule, role: str, offset: int, dim: int,
+def _emit_joint_flush(w: Writer, schedule: KernelSchedule, role: str, offset: int, dim: int,
                       names=None, row: str | None = None) -> None:
     """Write (BATCHED) or atomically add (INDEXED) this chunk's values (``names``, by default
     ``g{role}_q``) to the block at ``offset`` of row ``row`` (by default this edge's row, guarded
@@ -922,7 +856,7 @@ def _emit_joint_flush(w: _Writer, schedule: KernelSchedule, role: str, offset: i
     w.open("")
     w(f"T* const dst_{role} = out{k} + {row} * {out.dim}LL + {offset};")
     if dim == 1:
-        w(f"if ({guard}active) {_put(out, f'dst_{role} + lc', names[0])}")
+        w(f"if ({guard}active) {put(out, f'dst_{role} + lc', names[0])}")
     else:
         w.open("if (active)")
         for q, a in enumerate(names):
@@ -932,7 +866,7 @@ def _emit_joint_flush(w: _Writer, schedule: KernelSchedule, role: str, offset: i
         w("#pragma unroll")
         w.open(f"for (int r = 0; r < {dim}; ++r)")
         w("const int q = r * 32 + lane;")
-        w(f"if ({guard}q < nrows * {dim}) {_put(out, f'dst_{role} + c * {WARP * dim} + q', 'obuf[q]')}")
+        w(f"if ({guard}q < nrows * {dim}) {put(out, f'dst_{role} + c * {WARP * dim} + q', 'obuf[q]')}")
         w.close()
         w("__syncwarp();")
     if reset:

@@ -21,6 +21,9 @@ The schedule decides, for one :class:`~jax_cgtp.call.Call`:
   first copied, 32 rows at a time, into the warp's shared memory with coalesced loads.
 * **joint passes** replace the slots of ``uvu`` products over spherical harmonics: every path of
   an x block per edge and chunk, each operand chunk loaded once (:class:`JointPass`).
+* **weight streams** replace the slots of ``uvw`` products over spherical harmonics with
+  per-edge weights: each edge's weights pass once through a ring of shared-memory slots, copied
+  asynchronously ahead of their use (:mod:`jax_cgtp.stream`).
 
 The result is plain data that :mod:`jax_cgtp.codegen` turns into CUDA source.
 """
@@ -33,8 +36,8 @@ import math
 from .call import Call, Term
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
 from .problem import Instruction, Problem, cg_nonzeros
+from .stream import TILE_STREAM, WARP, WeightStream, stage_width, stream_buffers, weight_stream
 
-WARP = 32
 WARPS_PER_BLOCK = 4
 TILE_INDEXED = 32  # edges per tile when rows are accumulated across edges
 MAX_BLOCKS = 8192
@@ -196,12 +199,13 @@ class KernelSchedule:
     tiling: str  # "tiles" or "segments"
     tile: int
     segment_role: str | None
-    stage_sizes: tuple[tuple[str, int], ...]  # shared-memory elements per warp for each role
+    stage_sizes: tuple[tuple[str, int], ...]  # shared-memory elements per warp of each staged role or buffer
     transpose_size: int  # shared-memory elements per warp for output transposition
     # one warp per block for walks over sorted runs: runs differ in length, and a block's warps
     # would wait for its longest run before the block's slot is handed to the next block
     warps_per_block: int
     joint: JointPass | None = None  # replaces the slots when set
+    stream: WeightStream | None = None  # replaces the slots when set
     edge_sums_size: int = 0  # shared-memory elements per warp summing a by-destination pass's ȳ rows
     # with several groups, warp ``g`` of every ``len(groups)`` runs ``groups[g]``: its
     # ``(slot, first chunk, end chunk)`` units; empty: one warp per tile runs every slot
@@ -277,12 +281,6 @@ def _output_slots(problem: Problem, role: str):
     for slot, mul_ir in enumerate(irreps):
         users = [n for n, ins in enumerate(problem.instructions) if getattr(ins, field) == slot]
         yield f"{role} block {slot} ({mul_ir})", irreps[:slot].dim, users
-
-
-def stage_width(row: int) -> int:
-    """Shared-memory stride of a staged row of ``row`` elements: odd, so that lane-strided reads
-    hit distinct banks."""
-    return row if row % 2 else row + 1
 
 
 def _factor(call: Call, ins: Instruction, role: str, array: int, lane: str | None,
@@ -580,8 +578,11 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             outputs.append(KernelOutput(call_index, output.role, kind, call.problem.operand_dim(output.role),
                                         flush, zero))
         joint = _joint_pass(call, outputs)
+        stream = weight_stream(call, outputs, itemsize) if joint is None else None
         if segment_role or (joint is not None and joint.by_destination):  # runs of one node to walk
             tile = TILE_INDEXED
+        elif stream is not None:
+            tile = TILE_STREAM
         elif any(o.kind == SHARED for o in outputs):
             tile = shared_tile
         else:
@@ -601,18 +602,21 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
         if joint is not None:
             stage_y = joint.by_destination and "y" in dict(joint.arrays) and call.kind("y") == BATCHED
             stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y)
+        if stream is not None:
+            stage, transpose = stream_buffers(stream, call.problem), 0
         kernel = KernelSchedule(
             call, dtype, index_dtype, tuple(outputs), tuple(slots),
             "segments" if segment_role else "tiles",
             tile,
             segment_role,
-            tuple((r, stage[r]) for r in OPERANDS if r in stage),
+            tuple(stage.items()) if stream is not None else tuple((r, stage[r]) for r in OPERANDS if r in stage),
             transpose,
             1 if segment_role and not any(o.kind == SHARED for o in outputs) else WARPS_PER_BLOCK,
             joint,
+            stream,
             edge_sums,
         )
-        if edges is not None and joint is None:
+        if edges is not None and joint is None and stream is None:
             segments = call.row_count(segment_role) if segment_role else 0
             groups = slot_groups(kernel.slots, kernel.tiles(edges, segments), kernel.max_blocks * kernel.warps_per_block,
                                  itemsize)

@@ -29,13 +29,25 @@ def pair(spec, cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
                  for backend in (kernels, "reference"))
 
 
+def _same_problem_pair(tp, cls, kernels, options):
+    instructions = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions]
+    return tuple(cls(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, instructions, backend=backend, **options)
+                 for backend in (kernels, "reference"))
+
+
 def spherical_harmonics_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     """A MACE-like product (33 channels: two chunks) whose forward and fused backward are joint
     passes, on the kernels' backend and on the reference."""
     tp = jax_cgtp.channelwise_tensor_product("5x0e+3x1o+33x2e", "0e+1o+2e", filter_ir_out="0e+1o+2e")
-    instructions = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions]
-    return tuple(cls(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, instructions, backend=backend, **options)
-                 for backend in (kernels, "reference"))
+    return _same_problem_pair(tp, cls, kernels, options)
+
+
+def fully_connected_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
+    """A DiffDock-like product (``uvw`` over spherical harmonics) whose forward and backwards with
+    per-edge weights are weight streams: 40 x channels make several weight items per path, 35
+    z channels two lane chunks over ``w``. On the kernels' backend and on the reference."""
+    tp = jax_cgtp.fully_connected_tensor_product("40x0e+3x1o+2x2e", "0e+1o+2e", "35x0e+3x1o+2x1e+2x2e")
+    return _same_problem_pair(tp, cls, kernels, options)
 
 
 def members(tp, x, y, w, g):

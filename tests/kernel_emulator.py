@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 
 import jax
 import numpy as np
@@ -36,6 +37,10 @@ _PARAMETER = re.compile(r"^\s*(const )?(T\*|I\*|long long) (?:__restrict__ )?(\w
 
 
 _launched: list = []  # the schedules of the emulated launches, in order
+# One launch at a time: XLA may run independent callbacks concurrently, and the emulated
+# launches share process-wide state (gridDim and blockDim are unique symbols across the loaded
+# kernel libraries; a library's shared-memory buffer serves all of its launches).
+_one_launch = threading.Lock()
 
 
 def available() -> bool:
@@ -107,10 +112,11 @@ def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
         pointers = [a.ctypes.data for a in inputs + outputs]
         buffers = (ctypes.c_void_p * len(pointers))(*pointers)
         values = np.ascontiguousarray(scalars, np.int64)
-        _launched.append(kernel)
-        if grid > 0:
-            _library(source).cgtp_emu_run(buffers, values.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong)),
-                                          grid, kernel.block)
+        with _one_launch:
+            _launched.append(kernel)
+            if grid > 0:
+                _library(source).cgtp_emu_run(buffers, values.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong)),
+                                              grid, kernel.block)
         return outputs
 
     return jax.pure_callback(host, shapes, *args)

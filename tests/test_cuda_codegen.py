@@ -156,6 +156,8 @@ def test_generated_source_names_paths_and_irreps():
     assert "// x block at 128: 128 channels of dimension 3, paths" in source  # a joint pass
     uvw = jax_cgtp.fully_connected_tensor_product("4x0e+4x1o", "0e+1o", "4x0e+4x1o").problem
     (kernel,) = schedule.plan(forward_call(uvw, (BATCHED,) * 4), "double", "int")
+    assert "// path 2: 4x1o (x) 1x0e -> 4x1o, mode uvw, rows u in [0, 4), 3 CG nonzeros" in codegen.generate(kernel)
+    (kernel,) = schedule.plan(forward_call(uvw, (BATCHED, BATCHED, SHARED, BATCHED)), "double", "int")
     assert "// ---- out0: z block 1 (4x1o)" in codegen.generate(kernel)  # slot by slot
 
 

@@ -11,8 +11,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-from family_members import (assert_close, conv_members, members, pair, random_graph, spherical_harmonics_pair,
-                            squared_norm_and_gradients)
+from family_members import (assert_close, conv_members, fully_connected_pair, members, pair, random_graph,
+                            spherical_harmonics_pair, squared_norm_and_gradients)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -134,4 +134,37 @@ def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, determin
     joint = [dict(k.joint.outputs) for k in kernel_emulator.launched()[before:] if k.joint is not None]
     assert {"z": 0} in joint and {"x": 0, "y": 1, "w": 2} in joint
     assert {"y": 0} in joint  # the force loss's ȳ of the gradient: z̄ gathered, one output
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+
+
+def _streamed(before):
+    return [dict(k.stream.outputs) for k in kernel_emulator.launched()[before:] if k.stream is not None]
+
+
+def test_weight_streams_match_reference():
+    """A fully connected product with per-edge weights: forward, fused backward, x̄ and ȳ alone
+    stream the weights (19 edges: tiles of 8, 8 and 3)."""
+    kernels, reference = fully_connected_pair(kernels="auto")
+    keys = jax.random.split(jax.random.PRNGKey(47), 4)
+    x, y, w, g = (jax.random.normal(k, (19, d), jnp.float64) for k, d in zip(
+        keys, (kernels.irreps_in1.dim, kernels.irreps_in2.dim, kernels.weight_numel, kernels.irreps_out.dim)))
+    before = _launches()
+    actual = jax.jit(functools.partial(members, kernels))(x, y, w, g)
+    streamed = _streamed(before)
+    assert {"z": 0} in streamed and {"x": 0, "y": 1, "w": 2} in streamed
+    assert {"x": 0} in streamed and {"y": 0} in streamed
+    assert_close(actual, jax.jit(functools.partial(members, reference))(x, y, w, g), jnp.float64)
+
+
+@pytest.mark.parametrize("sorted_by_dst, deterministic", [(False, False), (True, False), (False, True)])
+def test_weight_streams_of_the_convolution_match_reference(sorted_by_dst, deterministic):
+    """z summed per run of one destination (added atomically, or owned by the warp of the node's
+    sorted run); x̄ added into source nodes; edges out of range give zero ȳ and w̄ rows."""
+    kernels, reference = fully_connected_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(48), kernels, 9, 40, jnp.float64, bad_fraction=0.1,
+                        sorted_by_dst=sorted_by_dst)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
+    streamed = _streamed(before)
+    assert {"z": 0} in streamed and {"x": 0, "y": 1, "w": 2} in streamed
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-from family_members import (assert_close, conv_members, members, pair, random_graph, relative_error,
-                            spherical_harmonics_pair, squared_norm_and_gradients)
+from family_members import (assert_close, conv_members, fully_connected_pair, members, pair, random_graph,
+                            relative_error, spherical_harmonics_pair, squared_norm_and_gradients)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -136,6 +136,18 @@ def test_joint_passes_match_reference(dtype):
     assert_close(jax.jit(functools.partial(members, cuda))(x, y, w, g), expected, dtype)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_weight_streams_match_reference(dtype):
+    """Forward, fused backward, x̄ and ȳ alone of a fully connected product with per-edge weights
+    stream the weights through shared memory (1001 edges: 126 tiles, the last of one edge)."""
+    cuda, reference = fully_connected_pair()
+    keys = jax.random.split(jax.random.PRNGKey(47), 4)
+    x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
+        keys, (cuda.irreps_in1.dim, cuda.irreps_in2.dim, cuda.weight_numel, cuda.irreps_out.dim)))
+    expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))
+    assert_close(jax.jit(functools.partial(members, cuda))(x, y, w, g), expected, dtype)
+
+
 # ---- graph convolution
 
 
@@ -159,6 +171,19 @@ def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst, d
     walking each node's sorted run in the deterministic variant."""
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(43), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
+    expected = jax.jit(functools.partial(conv_members, reference, 300))(
+        *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
+    assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("sorted_by_dst", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_weight_streams_of_the_convolution_match_reference(dtype, sorted_by_dst, deterministic):
+    """z summed per run of one destination (atomically, or owned by the warp of the node's sorted
+    run), x̄ added into source nodes, out-of-range edges giving zero ȳ and w̄ rows."""
+    cuda, reference = fully_connected_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(48), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     expected = jax.jit(functools.partial(conv_members, reference, 300))(
         *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
     assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)
@@ -205,11 +230,14 @@ def test_deterministic_runs_longer_than_a_tile(joint):
     assert_close(jax.jit(functools.partial(conv_members, cuda, 5))(*args), expected, jnp.float64)
 
 
-@pytest.mark.parametrize("joint", [False, True])
-def test_deterministic_convolution_is_bitwise_reproducible(joint):
-    """Slot by slot (a random problem) and by joint passes (spherical harmonics)."""
-    if joint:
+@pytest.mark.parametrize("plan", ["slots", "joint", "stream"])
+def test_deterministic_convolution_is_bitwise_reproducible(plan):
+    """Slot by slot (a random problem), by joint passes (spherical harmonics) and by weight
+    streams (a fully connected product)."""
+    if plan == "joint":
         cuda, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
+    elif plan == "stream":
+        cuda, _ = fully_connected_pair(jax_cgtp.TensorProductConv, deterministic=True)
     else:
         cuda, _ = pair(random_problem(720, mode="uvu", lmax=2), jax_cgtp.TensorProductConv, deterministic=True)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(9), cuda, 1000, 40_000, jnp.float32)

@@ -1,0 +1,192 @@
+"""CUDA source of a weight-stream launch (:class:`~jax_cgtp.stream.WeightStream`).
+
+Inside a tile (or a node's run) of edges, the warp walks the edges in order and, per edge, the
+stream's items in order. Before computing item ``n`` it issues the asynchronous copy of the item
+``STAGES - 1`` positions later (the next edge's first items near the end of an edge), then
+waits for item ``n``'s own copy. The arithmetic of an item is in :func:`_emit_item`.
+"""
+
+from __future__ import annotations
+
+from .cuda_text import Writer, emit_edge_header, emit_transposed_sum, literal, put, row_of
+from .operands import BATCHED
+from .schedule import KernelSchedule
+from .stream import WARP, StreamItem, stage_width
+
+
+def emit_stream(w: Writer, schedule: KernelSchedule) -> None:
+    """The tile's edges, each edge's weights streamed item by item through the ring."""
+    stream = schedule.stream
+    problem = schedule.call.problem
+    outs, arrays = dict(stream.outputs), dict(stream.arrays)
+    items, stages = stream.items, stream.stages
+    row_role = stream.row_role
+    row_out = schedule.outputs[outs[row_role]] if row_role else None
+    w()
+    w(f"// ---- weight stream: {', '.join(f'out{k} ({r})' for r, k in stream.outputs)}; {len(items)} items of "
+      f"weights per edge, each copied {stages - 1} items ahead into a ring of {stages} slots")
+    w("int ring_use = 0;  // the ring slot of the item computed next")
+    if row_role:
+        w(f"for (int q = lane; q < {row_out.dim}; q += 32) stage_row[q] = T(0);")
+        if row_out.flush == "atomic":
+            w(f"long long cur = -1;  // the {row_role} row that stage_row sums edges for")
+    w("__syncwarp();")
+    for k in range(stages - 1):
+        _emit_issue(w, schedule, str(k // len(items)), items[k % len(items)], str(k))
+    w("#pragma unroll 1")
+    w.open("for (int t = 0; t < count; ++t)")
+    emit_edge_header(w, schedule)
+    if row_out is not None and row_out.flush == "atomic":
+        w.open(f"if (ok && cur >= 0 && ix_{row_role} != cur)")
+        _emit_row_flush(w, schedule, "cur")
+        w.close()
+        w(f"if (ok) cur = ix_{row_role};")
+    for role in ("x", "y", "z"):
+        if role in arrays:
+            dim = problem.operand_dim(role)
+            w(f"for (int q = lane; q < {dim}; q += 32) "
+              f"stage_{role}[q] = ok ? in{arrays[role]}[{row_of(schedule, role)} * {dim}LL + q] : T(0);")
+    w("__syncwarp();")
+    y_dim = problem.operand_dim("y")
+    if "y" in outs:
+        w(f"T {', '.join(f'gy_{j} = T(0)' for j in range(y_dim))};")
+    for n, item in enumerate(items):
+        ahead, m = divmod(n + stages - 1, len(items))
+        _emit_issue(w, schedule, f"t + {ahead}", items[m], f"ring_use == 0 ? {stages - 1} : ring_use - 1")
+        w(f"cgtp_wait<{stages - 1}>();")
+        w("__syncwarp();")
+        _emit_item(w, schedule, item)
+        w("__syncwarp();")
+        w(f"ring_use = ring_use == {stages - 1} ? 0 : ring_use + 1;")
+    if row_out is not None and row_out.kind == BATCHED:
+        _emit_row_flush(w, schedule, "e")
+    if "y" in outs:
+        k = outs["y"]
+        emit_transposed_sum(w, [f"gy_{j}" for j in range(y_dim)], f"out{k}[e * {y_dim}LL + ", "]", "=")
+    w.close()
+    if row_out is not None and row_out.flush == "atomic":
+        w.open("if (cur >= 0)")
+        _emit_row_flush(w, schedule, "cur")
+        w.close()
+    elif row_out is not None and row_out.flush == "own":
+        w.open("if (owned)")
+        _emit_row_flush(w, schedule, "seg")
+        w.close()
+
+
+def _emit_issue(w: Writer, schedule: KernelSchedule, edge: str, item: StreamItem, slot: str) -> None:
+    """Copy ``item`` of the tile's edge ``edge`` (nothing past the tile) into ring slot ``slot``;
+    one commit either way, so that every lane counts the same groups."""
+    stream = schedule.stream
+    p = item.path
+    w_dim = schedule.call.problem.operand_dim("w")
+    w.open("")
+    w(f"const int ta = {edge};")
+    w.open("if (ta < count)")
+    w("const long long ea = __shfl_sync(CGTP_FULL_MASK, my_edge, ta);")
+    w(f"cgtp_copy_async<{item.size}, {p.z_mul}, {stage_width(p.z_mul)}>(stage_ring + ({slot}) * {stream.slot}, "
+      f"in{dict(stream.arrays)['w']} + ea * {w_dim}LL + {p.w_offset + item.first * p.z_mul}, lane);  "
+      f"// path {p.ins_index}, rows [{item.first}, {item.first + item.rows})")
+    w.close()
+    w("cgtp_commit();")
+    w.close()
+
+
+def _emit_row_flush(w: Writer, schedule: KernelSchedule, row: str) -> None:
+    """Write (or add) the shared-memory output row to row ``row`` and zero it."""
+    stream = schedule.stream
+    k = dict(stream.outputs)[stream.row_role]
+    out = schedule.outputs[k]
+    w.open(f"for (int q = lane; q < {out.dim}; q += 32)")
+    w(put(out, f"out{k} + {row} * {out.dim}LL + q", "stage_row[q]"))
+    w("stage_row[q] = T(0);")
+    w.close()
+    w("__syncwarp();")
+
+
+def _sums(nonzeros, key: int, factors, dtype: str) -> dict[int, str]:
+    """``{c: sum of pw C * a * b}`` over the nonzeros whose ``key`` index (0 i, 1 j, 2 k) is ``c``,
+    the two other indices naming ``factors`` (a format per index, e.g. ``"x_{}"``)."""
+    sums: dict[int, list[str]] = {}
+    for nz in nonzeros:
+        others = [(n, f) for n, f in zip(range(3), factors) if n != key]
+        product = " * ".join(f.format(nz[n]) for n, f in others)
+        sums.setdefault(nz[key], []).append(f"{literal(nz[3], dtype)} * {product}")
+    return {c: " + ".join(terms) for c, terms in sorted(sums.items())}
+
+
+def _emit_item(w: Writer, schedule: KernelSchedule, item: StreamItem) -> None:
+    """One item: lanes over the item's rows ``u`` compute ``t[u, :]`` (forward, w̄) and
+    ``h[u, :]`` (x̄, ȳ); lanes over ``w`` sum ``W[u, w] t[u, k]`` into the z row; lanes over the
+    block's elements write w̄."""
+    stream = schedule.stream
+    problem = schedule.call.problem
+    outs, arrays = dict(stream.outputs), dict(stream.arrays)
+    dtype = schedule.dtype
+    p = item.path
+    ins = problem.instructions[p.ins_index]
+    names = (problem.irreps_in1[ins.i_in1], problem.irreps_in2[ins.i_in2], problem.irreps_out[ins.i_out])
+    w(f"// path {p.ins_index}: {names[0]} (x) {names[1]} -> {names[2]}, mode uvw, rows u in "
+      f"[{item.first}, {item.first + item.rows}), {len(p.nonzeros)} CG nonzeros")
+    w.open("")
+    stride = stage_width(p.z_mul)
+    w(f"const T* const wb = stage_ring + ring_use * {stream.slot};  // W[u, w] at (u - {item.first}) * {stride} + w")
+    w(f"const bool live = lane < {item.rows};")
+    w(f"const int u = {item.first} + lane;")
+    forward = "z" in outs
+    needs_t = forward or "w" in outs
+    used = [sorted({nz[n] for nz in p.nonzeros}) for n in range(3)]
+    if "x" in arrays and (needs_t or "y" in outs):
+        for i in used[0]:
+            w(f"const T x_{i} = live ? stage_x[{p.x_offset} + u * {p.x_dim} + {i}] : T(0);")
+    if "y" in arrays:
+        for j in used[1]:
+            w(f"const T y_{j} = stage_y[{p.y_offset + j}];")
+    if needs_t:
+        t = _sums(p.nonzeros, 2, ("x_{}", "y_{}", ""), dtype)
+        for k in range(p.z_dim):
+            w(f"stage_t[lane * {p.z_dim} + {k}] = {t.get(k, 'T(0)')};")
+        w("__syncwarp();")
+    if forward:
+        for c in range(-(-p.z_mul // WARP)):
+            w.open("")
+            w(f"const int wl = {c * WARP} + lane;")
+            w.open(f"if (wl < {p.z_mul})")
+            w(f"T {', '.join(f'a_{k} = T(0)' for k in range(p.z_dim))};")
+            w("#pragma unroll 4")
+            w.open(f"for (int r = 0; r < {item.rows}; ++r)")
+            w(f"const T wv = wb[r * {stride} + wl];")
+            for k in range(p.z_dim):
+                w(f"a_{k} += wv * stage_t[r * {p.z_dim} + {k}];")
+            w.close()
+            for k in range(p.z_dim):
+                w(f"stage_row[{p.z_offset} + wl * {p.z_dim} + {k}] += a_{k};")
+            w.close()
+            w.close()
+    if "x" in outs or "y" in outs:
+        w(f"T {', '.join(f'h_{k} = T(0)' for k in used[2])};")
+        w.open("if (live)")
+        w("#pragma unroll 4")
+        w.open(f"for (int v = 0; v < {p.z_mul}; ++v)")
+        w(f"const T wv = wb[lane * {stride} + v];")
+        for k in used[2]:
+            w(f"h_{k} += wv * stage_z[{p.z_offset} + v * {p.z_dim} + {k}];")
+        w.close()
+        w.close()
+        if "x" in outs:
+            for i, value in _sums(p.nonzeros, 0, ("", "y_{}", "h_{}"), dtype).items():
+                w(f"if (live) stage_row[{p.x_offset} + u * {p.x_dim} + {i}] += {value};")
+        if "y" in outs:
+            for j, value in _sums(p.nonzeros, 1, ("x_{}", "", "h_{}"), dtype).items():
+                w(f"gy_{p.y_offset + j} += {value};")
+    if "w" in outs:
+        k = outs["w"]
+        out = schedule.outputs[k]
+        w.open(f"for (int q = lane; q < {item.size}; q += 32)")
+        w(f"const int r = q / {p.z_mul};")
+        w(f"const int v = q - r * {p.z_mul};")
+        terms = " + ".join(f"stage_t[r * {p.z_dim} + {c}] * stage_z[{p.z_offset} + v * {p.z_dim} + {c}]"
+                           for c in range(p.z_dim))
+        w(f"out{k}[e * {out.dim}LL + {p.w_offset + item.first * p.z_mul} + q] = {terms};")
+        w.close()
+    w.close()

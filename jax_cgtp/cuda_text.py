@@ -1,0 +1,79 @@
+"""Pieces of CUDA text shared by the code generators (:mod:`jax_cgtp.codegen` and
+:mod:`jax_cgtp.codegen_stream`): an indenting line writer, literals, flush statements, a tile
+edge's header, and the transposed warp sum."""
+
+from __future__ import annotations
+
+from .operands import BATCHED, INDEXED, SHARED
+from .schedule import WARP, KernelSchedule
+
+
+class Writer:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def __call__(self, line: str = "") -> None:
+        self.lines.append("  " * self.depth + line if line else "")
+
+    def open(self, line: str) -> None:
+        self(f"{line} {{" if line else "{")
+        self.depth += 1
+
+    def close(self, tail: str = "") -> None:
+        self.depth -= 1
+        self("}" + tail)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def literal(value: float, dtype: str) -> str:
+    return f"{value:.17e}" if dtype == "double" else f"{value:.9e}f"
+
+
+def put(out, address: str, value: str) -> str:
+    """The statement that flushes ``value`` to ``address`` of output ``out`` (a KernelOutput)."""
+    fresh = ", fresh" if out.flush == "own" else ""
+    return f"cgtp_{out.flush}({address}, {value}{fresh});"
+
+
+def row_of(schedule: KernelSchedule, role: str) -> str:
+    kind = schedule.call.kind(role)
+    return {BATCHED: "e", INDEXED: f"ix_{role}", SHARED: "0"}[kind]
+
+
+def emit_edge_header(w: Writer, schedule: KernelSchedule) -> None:
+    w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
+    w("const bool ok = __shfl_sync(CGTP_FULL_MASK, (int)my_ok, t) != 0;")
+    for r in schedule.call.indexed_roles:
+        w(f"const long long ix_{r} = __shfl_sync(CGTP_FULL_MASK, my_ix_{r}, t);")
+
+
+def emit_transposed_sum(w: Writer, values: list[str], target: str, close: str, op: str) -> None:
+    """Write (``op`` "=") or add ("+=") the warp sum of each of ``values`` (per-lane partials) to
+    ``{target}q{close}``, q its position. Up to 32 values at a time by a transposed butterfly: at each step the lanes with
+    the offset bit set keep the upper half of their values and receive that half from their
+    partner, so V values take V - 1 shuffles (plus one per remaining step) instead of 5 V."""
+    for start in range(0, len(values), WARP):
+        group = values[start:start + WARP]
+        p = max(0, (len(group) - 1).bit_length())
+        regs = [f"s_{q}" for q in range(1 << p)]
+        w.open("")
+        w(" ".join(f"T {r} = {v};" for r, v in zip(regs, group + ["T(0)"] * (len(regs) - len(group)))))
+        offset, count = 16, len(regs)
+        while count > 1:
+            half = count // 2
+            w(f"const bool up{offset} = (lane & {offset}) != 0;")
+            for i in range(half):
+                w(f"{regs[i]} = (up{offset} ? {regs[i + half]} : {regs[i]}) + "
+                  f"__shfl_xor_sync(CGTP_FULL_MASK, up{offset} ? {regs[i]} : {regs[i + half]}, {offset});")
+            offset, count = offset // 2, half
+        while offset >= 1:
+            w(f"s_0 += __shfl_xor_sync(CGTP_FULL_MASK, s_0, {offset});")
+            offset //= 2
+        shift = 5 - p
+        w(f"const int q = lane >> {shift};")
+        mask = (1 << shift) - 1
+        w(f"if ({f'(lane & {mask}) == 0 && ' if mask else ''}q < {len(group)}) {target}{start} + q{close} {op} s_0;")
+        w.close()

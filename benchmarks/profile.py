@@ -50,7 +50,12 @@ def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concret
 
 def describe(kernel: schedule.KernelSchedule) -> str:
     outputs = ", ".join(f"{o.role} {o.kind} by {o.flush}" for o in kernel.outputs)
-    joint = "joint pass" if kernel.joint is not None else f"{len(kernel.slots)} slots"
+    if kernel.joint is not None:
+        joint = "joint pass"
+    elif kernel.stream is not None:
+        joint = f"weight stream of {len(kernel.stream.items)} items per edge"
+    else:
+        joint = f"{len(kernel.slots)} slots"
     return (f"[{outputs}] {joint}, tiles of {kernel.tile} edges ({kernel.tiling}), {kernel.num_groups} group(s), "
             f"{kernel.shared_bytes} shared bytes per block")
 

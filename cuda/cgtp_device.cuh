@@ -41,6 +41,19 @@ __device__ __forceinline__ void cgtp_unpack(T* __restrict__ dst, const T (&raw)[
   }
 }
 
+// The lane index, read from the hardware register at each call. Code inside a loop that takes
+// its addresses from it keeps them out of registers: from a loop-invariant `lane`, a compiler
+// may hoist every address of the loop body out of the loop and hold them all across it.
+__device__ __forceinline__ int cgtp_lane() {
+#if defined(__CUDA_ARCH__)
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+#else
+  return static_cast<int>(threadIdx.x & 31);
+#endif
+}
+
 // Asynchronous copy of `N` contiguous elements (rows of `S` elements) into shared-memory rows of
 // `SP` elements, issued by the warp's lanes together (cp.async: the data lands in shared memory
 // without passing through registers), then a commit that closes the group of copies a lane

@@ -81,6 +81,7 @@ def _emit_issue(w: Writer, schedule: KernelSchedule, edge: str, item: StreamItem
     p = item.path
     w_dim = schedule.call.problem.operand_dim("w")
     w.open("")
+    w("const int lane = cgtp_lane();  // read here, so that the copy's addresses are not held across edges")
     w(f"const int ta = {edge};")
     w.open("if (ta < count)")
     w("const long long ea = __shfl_sync(CGTP_FULL_MASK, my_edge, ta);")
@@ -129,6 +130,7 @@ def _emit_item(w: Writer, schedule: KernelSchedule, item: StreamItem) -> None:
     w(f"// path {p.ins_index}: {names[0]} (x) {names[1]} -> {names[2]}, mode uvw, rows u in "
       f"[{item.first}, {item.first + item.rows}), {len(p.nonzeros)} CG nonzeros")
     w.open("")
+    w("const int lane = cgtp_lane();  // read here, so that the item's addresses are not held across edges")
     stride = stage_width(p.z_mul)
     w(f"const T* const wb = stage_ring + ring_use * {stream.slot};  // W[u, w] at (u - {item.first}) * {stride} + w")
     w(f"const bool live = lane < {item.rows};")

@@ -458,7 +458,8 @@ def _emit_joint(w: Writer, schedule: KernelSchedule) -> None:
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
-        w("const int lane = cgtp_lane();  // read here, so that the chunk's addresses are not held across edges")
+        if "z" in outs:  # measured: the forward gains, the backward loses
+            w("const int lane = cgtp_lane();  // read here, so that the chunk's addresses are not held across edges")
         w("const bool live = ok && active;")
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")

@@ -8,7 +8,7 @@ waits for item ``n``'s own copy. The arithmetic of an item is in :func:`_emit_it
 
 from __future__ import annotations
 
-from .cuda_text import Writer, emit_edge_header, emit_transposed_sum, literal, put, row_of
+from .cuda_text import Writer, emit_edge_header, emit_transposed_sum, literal, put
 from .operands import BATCHED
 from .schedule import KernelSchedule
 from .stream import WARP, StreamItem, stage_width
@@ -31,6 +31,7 @@ def emit_stream(w: Writer, schedule: KernelSchedule) -> None:
         if row_out.flush == "atomic":
             w(f"long long cur = -1;  // the {row_role} row that stage_row sums edges for")
     w("__syncwarp();")
+    _emit_rows_issue(w, schedule, "0")
     for k in range(stages - 1):
         _emit_issue(w, schedule, str(k // len(items)), items[k % len(items)], str(k))
     w("#pragma unroll 1")
@@ -41,12 +42,13 @@ def emit_stream(w: Writer, schedule: KernelSchedule) -> None:
         _emit_row_flush(w, schedule, "cur")
         w.close()
         w(f"if (ok) cur = ix_{row_role};")
-    for role in ("x", "y", "z"):
-        if role in arrays:
-            dim = problem.operand_dim(role)
-            w(f"for (int q = lane; q < {dim}; q += 32) "
-              f"stage_{role}[q] = ok ? in{arrays[role]}[{row_of(schedule, role)} * {dim}LL + q] : T(0);")
+    # the edge's rows came with the group of an item copied before; then the next edge's rows
+    # join the group of this edge's first item copy
+    w(f"cgtp_wait<{min(len(items) - 1, stages - 2)}>();")
     w("__syncwarp();")
+    for role in _row_roles(stream):
+        w(f"const T* const row_{role} = stage_{role} + (t & 1) * {problem.operand_dim(role)};  // this edge's {role} row")
+    _emit_rows_issue(w, schedule, "t + 1")
     y_dim = problem.operand_dim("y")
     if "y" in outs:
         w(f"T {', '.join(f'gy_{j} = T(0)' for j in range(y_dim))};")
@@ -72,6 +74,39 @@ def emit_stream(w: Writer, schedule: KernelSchedule) -> None:
         w.open("if (owned)")
         _emit_row_flush(w, schedule, "seg")
         w.close()
+
+
+def _row_roles(stream) -> list[str]:
+    """The inputs whose edge rows a weight stream stages (all it reads but the weights)."""
+    return [role for role in ("x", "y", "z") if role in dict(stream.arrays)]
+
+
+def _emit_rows_issue(w: Writer, schedule: KernelSchedule, edge: str) -> None:
+    """Copy the x, y and z̄ rows of the tile's edge ``edge`` (nothing past the tile) into the halves
+    ``edge & 1`` of their double buffers, zeros for an edge out of range; the copies join the
+    group of the next commit."""
+    stream = schedule.stream
+    problem = schedule.call.problem
+    arrays = dict(stream.arrays)
+    w.open("")
+    w("const int lane = cgtp_lane();")
+    w(f"const int ta = {edge};")
+    w.open("if (ta < count)")
+    w("const bool ok_a = __shfl_sync(CGTP_FULL_MASK, (int)my_ok, ta) != 0;")
+    names: dict[str, str] = {}  # lane value -> the register holding it for edge ta
+    for role in _row_roles(stream):
+        value = "my_edge" if schedule.call.kind(role) == BATCHED else f"my_ix_{role}"
+        if value not in names:
+            names[value] = f"row_{role}_a"
+            w(f"const long long {names[value]} = __shfl_sync(CGTP_FULL_MASK, {value}, ta);")
+    for role in _row_roles(stream):
+        dim = problem.operand_dim(role)
+        row = names["my_edge" if schedule.call.kind(role) == BATCHED else f"my_ix_{role}"]
+        w(f"T* const to_{role} = stage_{role} + (ta & 1) * {dim};")
+        w(f"if (ok_a) cgtp_copy_async<{dim}, {dim}, {dim}>(to_{role}, in{arrays[role]} + {row} * {dim}LL, lane);")
+        w(f"else for (int q = lane; q < {dim}; q += 32) to_{role}[q] = T(0);")
+    w.close()
+    w.close()
 
 
 def _emit_issue(w: Writer, schedule: KernelSchedule, edge: str, item: StreamItem, slot: str) -> None:
@@ -140,10 +175,10 @@ def _emit_item(w: Writer, schedule: KernelSchedule, item: StreamItem) -> None:
     used = [sorted({nz[n] for nz in p.nonzeros}) for n in range(3)]
     if "x" in arrays and (needs_t or "y" in outs):
         for i in used[0]:
-            w(f"const T x_{i} = live ? stage_x[{p.x_offset} + u * {p.x_dim} + {i}] : T(0);")
+            w(f"const T x_{i} = live ? row_x[{p.x_offset} + u * {p.x_dim} + {i}] : T(0);")
     if "y" in arrays:
         for j in used[1]:
-            w(f"const T y_{j} = stage_y[{p.y_offset + j}];")
+            w(f"const T y_{j} = row_y[{p.y_offset + j}];")
     if needs_t:
         t = _sums(p.nonzeros, 2, ("x_{}", "y_{}", ""), dtype)
         for k in range(p.z_dim):
@@ -172,7 +207,7 @@ def _emit_item(w: Writer, schedule: KernelSchedule, item: StreamItem) -> None:
         w.open(f"for (int v = 0; v < {p.z_mul}; ++v)")
         w(f"const T wv = wb[lane * {stride} + v];")
         for k in used[2]:
-            w(f"h_{k} += wv * stage_z[{p.z_offset} + v * {p.z_dim} + {k}];")
+            w(f"h_{k} += wv * row_z[{p.z_offset} + v * {p.z_dim} + {k}];")
         w.close()
         w.close()
         if "x" in outs:
@@ -187,7 +222,7 @@ def _emit_item(w: Writer, schedule: KernelSchedule, item: StreamItem) -> None:
         w.open(f"for (int q = lane; q < {item.size}; q += 32)")
         w(f"const int r = q / {p.z_mul};")
         w(f"const int v = q - r * {p.z_mul};")
-        terms = " + ".join(f"stage_t[r * {p.z_dim} + {c}] * stage_z[{p.z_offset} + v * {p.z_dim} + {c}]"
+        terms = " + ".join(f"stage_t[r * {p.z_dim} + {c}] * row_z[{p.z_offset} + v * {p.z_dim} + {c}]"
                            for c in range(p.z_dim))
         w(f"out{k}[e * {out.dim}LL + {p.w_offset + item.first * p.z_mul} + q] = {terms};")
         w.close()

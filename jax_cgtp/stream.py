@@ -141,14 +141,14 @@ def weight_stream(call, outputs, itemsize: int) -> WeightStream | None:
 
 
 def stream_buffers(stream: WeightStream, problem) -> dict[str, int]:
-    """Shared-memory elements per warp: the ring of weight slots, the edge's staged x, y and z̄
-    rows (the inputs it reads), the shared-memory output row, and ``t`` of one item (32 rows of
-    the widest z irrep)."""
+    """Shared-memory elements per warp: the ring of weight slots, two of each staged x, y and z̄
+    row (the inputs it reads: this edge's and the next one's), the shared-memory output row, and
+    ``t`` of one item (32 rows of the widest z irrep)."""
     arrays = dict(stream.arrays)
     buffers = {"ring": stream.stages * stream.slot}
-    for role in ("x", "y", "z"):
+    for role in ("x", "y", "z"):  # double: the next edge's rows arrive while this edge computes
         if role in arrays:
-            buffers[role] = problem.operand_dim(role)
+            buffers[role] = 2 * problem.operand_dim(role)
     if stream.row_role is not None:
         buffers["row"] = problem.operand_dim(stream.row_role)
     if "z" in dict(stream.outputs) or "w" in dict(stream.outputs):

@@ -30,6 +30,7 @@ from .problem import cg_nonzeros
 STAGES = 3  # ring slots: items in flight while one is computed = STAGES - 1
 ITEM_BYTES = 4096  # target size of one item's weights
 TILE_STREAM = 8  # consecutive edges a warp takes at a time (the pipeline restarts per tile)
+MAX_WARP_BYTES = 48 * 1024  # shared memory per warp: 4 warps stay within a block's 227 KiB on sm_90
 WARP = 32  # lanes of a warp
 
 
@@ -111,7 +112,8 @@ def weight_stream(call, outputs, itemsize: int) -> WeightStream | None:
     It applies when every active path is ``uvw``, weighted, with a one-channel ``y`` block; the
     weights are per edge (BATCHED), y is per edge, x and z are per edge or indexed (a
     convolution); every output has one term over the same inputs; and the launch is the forward
-    (``z``) or a backward that reads the weights (any of x̄, ȳ, w̄ but w̄ alone).
+    (``z``) or a backward that reads the weights (any of x̄, ȳ, w̄ but w̄ alone); and the warp's
+    buffers fit in ``MAX_WARP_BYTES``.
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs) or ("z" in roles and len(roles) > 1) or set(roles) == {"w"}:
@@ -137,7 +139,10 @@ def weight_stream(call, outputs, itemsize: int) -> WeightStream | None:
         path = StreamPath(n, xo, xm, xd, yo, yd, zo, zm, zd, ins.weight_offset, tuple(cg_nonzeros(problem, ins)))
         items += [StreamItem(path, first, rows) for first, rows in split_rows(xm, zm, itemsize)]
     slot = max(item.rows * stage_width(item.path.z_mul) for item in items)
-    return WeightStream(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(items), slot)
+    stream = WeightStream(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(items), slot)
+    if sum(stream_buffers(stream, problem).values()) * itemsize > MAX_WARP_BYTES:
+        return None  # rows too wide to stage per warp
+    return stream
 
 
 def stream_buffers(stream: WeightStream, problem) -> dict[str, int]:

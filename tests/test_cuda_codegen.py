@@ -65,6 +65,43 @@ def test_fused_backward_of_spherical_harmonics_paths_is_one_joint_pass():
     assert kernel.joint is None  # other modes run output by output
 
 
+def diffdock_problem():
+    return jax_cgtp.fully_connected_tensor_product("10x1o+10x1e+48x0e+48x0o", "0e+1o+2e",
+                                                   "10x1o+10x1e+48x0e+48x0o").problem
+
+
+def test_fully_connected_products_with_per_edge_weights_stream_their_weights():
+    """DiffDock-L=2: each path's weight rows in items of about 4 KiB (48 rows of 48 weights: 3 items
+    of 16 rows in float32, 5 of 10 in float64), each row padded to an odd stride in the ring."""
+    problem = diffdock_problem()
+    (forward,) = schedule.plan(forward_call(problem, (BATCHED,) * 4), "float", "int")
+    assert dict(forward.stream.outputs) == {"z": 0} and forward.tile == 8
+    rows = {(i.path.ins_index, i.first, i.rows) for i in forward.stream.items if i.path.x_mul == i.path.z_mul == 48}
+    assert {(first, count) for _, first, count in rows} == {(0, 16), (16, 16), (32, 16)}
+    assert sum(i.size for i in forward.stream.items) == problem.weight_numel  # every weight, once
+    assert forward.stream.slot == 16 * 49
+    (double,) = schedule.plan(forward_call(problem, (BATCHED,) * 4), "double", "int")
+    assert max(i.rows for i in double.stream.items if i.path.z_mul == 48) == 10
+    (backward,) = schedule.plan(backward_call(problem, (BATCHED,) * 4), "float", "int")
+    assert dict(backward.stream.outputs) == {"x": 0, "y": 1, "w": 2} and backward.stream.row_role == "x"
+    source = codegen.generate(backward)
+    assert "cgtp_copy_async<768, 48, 49>" in source and "cgtp_wait<2>();" in source
+    if nvrtc.available():
+        assert nvrtc.compile_cubin(source, "sm_90", "the weight-stream backward")
+
+
+def test_weight_streams_need_per_edge_weights_that_are_read_and_fit_in_shared_memory():
+    problem = diffdock_problem()
+    (shared,) = schedule.plan(forward_call(problem, (BATCHED, BATCHED, SHARED, BATCHED)), "float", "int")
+    assert shared.stream is None  # shared weights: slot by slot
+    alone = Call(problem, (BATCHED,) * 4, (None,) * 4, ("x", "y", "z"), (Output("w", (Term((0, 1, 2)),)),))
+    (weights,) = schedule.plan(alone, "float", "int")
+    assert weights.stream is None  # w̄ alone does not read the weights
+    wide = jax_cgtp.fully_connected_tensor_product("256x0e+256x1o+256x2e", "0e+1o+2e", "256x0e+256x1o+256x2e")
+    (kernel,) = schedule.plan(forward_call(wide.problem, (BATCHED,) * 4), "double", "int")
+    assert kernel.stream is None  # x and z rows of 2,304 elements, staged twice per warp: too wide
+
+
 @pytest.mark.parametrize("dtype", ["float", "double"])
 def test_convolution_backward_keeps_each_destination_staged(dtype):
     """z̄ is gathered by dst: the joint backward stages a block's z̄ chunks once per run of one

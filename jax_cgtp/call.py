@@ -92,6 +92,20 @@ class Call:
                                          f"of role {self.roles[arg]} as {role}")
 
 
+def common_arguments(call: Call, output_indices) -> dict[str, int] | None:
+    """``{role: input index}`` read by the outputs ``call.outputs[k]`` (``k`` in ``output_indices``)
+    when each has one term and, role by role, all of them read the same input; else None."""
+    arrays: dict[str, int] = {}
+    for k in output_indices:
+        output = call.outputs[k]
+        if len(output.terms) != 1:
+            return None
+        for role, array in zip(call.term_roles(output.role), output.terms[0].args):
+            if arrays.setdefault(role, array) != array:
+                return None
+    return arrays
+
+
 def num_edges(call: Call, shapes) -> int:
     """Edge count of a call from the shapes of its flat arguments."""
     inputs, indices, _ = call.split(shapes)

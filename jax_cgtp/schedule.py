@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .call import Call, Term
+from .call import Call, Term, common_arguments
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
 from .problem import Instruction, Problem, cg_nonzeros
 from .stream import TILE_STREAM, WARP, WeightStream, stage_width, stream_buffers, weight_stream
@@ -398,14 +398,10 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
     allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,), "z": (BATCHED, INDEXED)}
     if any(o.kind not in allowed[o.role] for o in outputs):
         return None
-    arrays: dict[str, int] = {}
-    for out in outputs:
-        terms = call.outputs[out.call_output].terms
-        if len(terms) != 1 or (terms[0].weighted_only and out.role != "w"):  # w̄ has weighted paths only
-            return None
-        for role, array in zip(call.term_roles(out.role), terms[0].args):
-            if arrays.setdefault(role, array) != array:
-                return None
+    arrays = common_arguments(call, [out.call_output for out in outputs])
+    if arrays is None or any(call.outputs[out.call_output].terms[0].weighted_only and out.role != "w"
+                             for out in outputs):  # w̄ has weighted paths only
+        return None
     problem = call.problem
     active = [(n, ins) for n, ins in enumerate(problem.instructions) if ins.is_active]
     if not active or any(ins.mode != "uvu" or ins.mul_in2 != 1 for _, ins in active):

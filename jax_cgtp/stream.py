@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .call import common_arguments
 from .operands import BATCHED, INDEXED
 from .problem import cg_nonzeros
 
@@ -121,14 +122,9 @@ def weight_stream(call, outputs, itemsize: int) -> WeightStream | None:
     allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,), "z": (BATCHED, INDEXED)}
     if any(call.kind(role) not in kinds for role, kinds in allowed.items()):
         return None
-    arrays: dict[str, int] = {}
-    for out in outputs:
-        terms = call.outputs[out.call_output].terms
-        if len(terms) != 1:
-            return None
-        for role, array in zip(call.term_roles(out.role), terms[0].args):
-            if arrays.setdefault(role, array) != array:
-                return None
+    arrays = common_arguments(call, [out.call_output for out in outputs])
+    if arrays is None:
+        return None
     problem = call.problem
     active = [(n, ins) for n, ins in enumerate(problem.instructions) if ins.is_active]
     if not active or any(ins.mode != "uvw" or ins.mul_in2 != 1 or not ins.has_weight for _, ins in active):

@@ -126,22 +126,12 @@ def test_shared_weight_gradient_for_every_tile_size(batch):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_joint_passes_match_reference(dtype):
-    """Forward, fused backward and ȳ alone of spherical-harmonics paths run as joint passes."""
-    cuda, reference = spherical_harmonics_pair()
+@pytest.mark.parametrize("pairing", [spherical_harmonics_pair, fully_connected_pair])
+def test_joint_passes_and_weight_streams_match_reference(pairing, dtype):
+    """Spherical-harmonics paths: forward, fused backward and ȳ alone run as joint passes (``uvu``)
+    or stream the per-edge weights through shared memory (``uvw``: x̄ alone too); 1001 edges."""
+    cuda, reference = pairing()
     keys = jax.random.split(jax.random.PRNGKey(42), 4)
-    x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
-        keys, (cuda.irreps_in1.dim, cuda.irreps_in2.dim, cuda.weight_numel, cuda.irreps_out.dim)))
-    expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))
-    assert_close(jax.jit(functools.partial(members, cuda))(x, y, w, g), expected, dtype)
-
-
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_weight_streams_match_reference(dtype):
-    """Forward, fused backward, x̄ and ȳ alone of a fully connected product with per-edge weights
-    stream the weights through shared memory (1001 edges: 126 tiles, the last of one edge)."""
-    cuda, reference = fully_connected_pair()
-    keys = jax.random.split(jax.random.PRNGKey(47), 4)
     x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
         keys, (cuda.irreps_in1.dim, cuda.irreps_in2.dim, cuda.weight_numel, cuda.irreps_out.dim)))
     expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))

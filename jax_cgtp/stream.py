@@ -15,9 +15,10 @@ So the launch streams each edge's weight row through the warp's shared memory ex
 asynchronously ``STAGES - 1`` items ahead of the one being computed, across path and edge
 boundaries, into a ring of ``STAGES`` slots. Each slot row is padded to an odd stride, so lanes
 over ``w`` (the forward) and lanes over ``u`` (``h``) both read it without bank conflicts.
-The edge's x, y and z̄ rows are staged once per edge; the output that lanes build channel by
-channel (``z`` forward, ``x̄`` backward) is summed in a shared-memory row and flushed once per
-edge, or once per run of one destination (source) node when it is scattered.
+The edge's x, y and z̄ rows are copied the same way, together with the previous edge's first
+item, into double buffers. The output that lanes build channel by channel (``z`` forward,
+``x̄`` backward) is summed in a shared-memory row and flushed once per edge, or once per run of
+one destination (source) node when it is scattered.
 """
 
 from __future__ import annotations

@@ -221,18 +221,18 @@ def _emit_slot(w: Writer, schedule: KernelSchedule, slot: Slot, chunks: tuple[in
         w.open(f"for (int o_{letter} = 0; o_{letter} < {slot.muls[slot.letters.index(letter)]}; ++o_{letter})")
     accs = _accumulators(slot)
     w(f"T {', '.join(a + ' = T(0)' for a in accs)};")
-    if out.kind != BATCHED:
+    if out.kind != BATCHED and out.flush != "own":  # an owned run has one node: no row to track
         w("long long cur = -1;")
     w("#pragma unroll 1")
     w.open("for (int t = 0; t < count; ++t)")
     emit_edge_header(w, schedule)
     if out.kind == INDEXED:
         w("if (!ok) continue;")
-        if out.flush != "own":  # an owned run has one node
+        if out.flush != "own":
             w.open(f"if (cur >= 0 && ix_{out.role} != cur)")
             _emit_flush(w, schedule, slot, "cur")
             w.close()
-        w(f"cur = ix_{out.role};")
+            w(f"cur = ix_{out.role};")
     elif out.kind == SHARED:
         w("if (!ok) continue;")
         w(f"cur = {'walker' if schedule.num_groups > 1 else 'warp'};")
@@ -618,7 +618,8 @@ def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
         accumulators = [[f"gz{n}_{k}" for k in range(p.z_dim)] for n, p in enumerate(paths)]
         w(f"T {', '.join(a + ' = T(0)' for names in accumulators for a in names)};")
-        w("long long cur = -1;")
+        if z_out.flush != "own":  # an owned run has one node: no row to track
+            w("long long cur = -1;")
         _emit_ahead(w, schedule, x_offset, dim, paths)
         w("#pragma unroll 1")
         w.open("for (int t = 0; t < count; ++t)")
@@ -626,12 +627,12 @@ def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
         weights = _take_ahead(w, schedule, dim, paths)
         _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1")
         w("if (!ok) continue;")
-        if z_out.flush != "own":  # an owned run has one node
+        if z_out.flush != "own":
             w.open("if (cur >= 0 && ix_z != cur)")
             for path, names in zip(paths, accumulators):
                 _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, "cur")
             w.close()
-        w("cur = ix_z;")
+            w("cur = ix_z;")
         w("const bool live = active;")
         if not y_values:
             _emit_joint_rows(w, schedule, ("y",))

@@ -19,7 +19,7 @@ import pathlib
 
 from .operands import BATCHED, INDEXED, SHARED
 from .codegen_stream import emit_stream
-from .cuda_text import Writer, emit_edge_header, emit_transposed_sum, literal, put, row_of
+from .cuda_text import Writer, cg_sums, emit_edge_header, emit_transposed_sum, lane_row, literal, put, row_of
 from .schedule import WARP, Contribution, Factor, JointPath, KernelSchedule, Slot, slot_chunks, stage_width
 
 _HEADER = "cgtp_device.cuh"
@@ -529,8 +529,7 @@ def _ahead_rows(w: Writer, schedule: KernelSchedule, roles) -> dict[str, str]:
         if kind == SHARED:
             rows[role] = "0"
             continue
-        lane_value = "my_edge" if kind == BATCHED else f"my_ix_{role}"
-        w(f"const long long row_{role} = ok_a ? (long long)__shfl_sync(CGTP_FULL_MASK, {lane_value}, ta) : 0;")
+        w(f"const long long row_{role} = ok_a ? (long long)__shfl_sync(CGTP_FULL_MASK, {lane_row(schedule, role)}, ta) : 0;")
         rows[role] = f"row_{role}"
     return rows
 
@@ -791,14 +790,11 @@ def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, z_nam
         weight = " * wt"
     dtype = schedule.dtype
     if "z" in outs:
-        by_k: dict[int, list[str]] = {}
-        for i, j, k, v in path.nonzeros:
-            by_k.setdefault(k, []).append(f"{literal(v, dtype)} * x_{i} * y_{j}")
         names = z_names or [f"gz_{k}" for k in range(path.z_dim)]
         if z_names is None:
             w(f"T {', '.join(f'{a} = T(0)' for a in names)};")
-        for k, terms in sorted(by_k.items()):
-            w(f"{names[k]} += ({' + '.join(terms)}){weight};")
+        for k, terms in cg_sums(path.nonzeros, 2, ("x_{}", "y_{}", ""), dtype).items():
+            w(f"{names[k]} += ({terms}){weight};")
         if z_names is None:
             _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim)
         w.close()
@@ -809,18 +805,12 @@ def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, z_nam
         staged = False
         w(" ".join(f"const T z_{k} = {z_names[k]};" for k in used[2]))
     if "x" in outs:
-        by_i: dict[int, list[str]] = {}
-        for i, j, k, v in path.nonzeros:
-            by_i.setdefault(i, []).append(f"{literal(v, dtype)} * y_{j} * z_{k}")
-        for i, terms in sorted(by_i.items()):
-            w(f"gx_{i} += ({' + '.join(terms)}){weight};")
+        for i, terms in cg_sums(path.nonzeros, 0, ("", "y_{}", "z_{}"), dtype).items():
+            w(f"gx_{i} += ({terms}){weight};")
     if "y" in outs:
         n = joint.y_blocks.index((path.y_offset, path.y_dim))
-        by_j: dict[int, list[str]] = {}
-        for i, j, k, v in path.nonzeros:
-            by_j.setdefault(j, []).append(f"{literal(v, dtype)} * x_{i} * z_{k}")
-        for j, terms in sorted(by_j.items()):
-            w(f"gy{n}_{j} += ({' + '.join(terms)}){weight};")
+        for j, terms in cg_sums(path.nonzeros, 1, ("x_{}", "", "z_{}"), dtype).items():
+            w(f"gy{n}_{j} += ({terms}){weight};")
     if "w" in outs and path.w_offset is not None:
         out = schedule.outputs[outs["w"]]
         terms = " + ".join(f"{literal(v, dtype)} * x_{i} * y_{j} * z_{k}" for i, j, k, v in path.nonzeros)

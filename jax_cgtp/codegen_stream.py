@@ -8,7 +8,7 @@ waits for item ``n``'s own copy. The arithmetic of an item is in :func:`_emit_it
 
 from __future__ import annotations
 
-from .cuda_text import Writer, emit_edge_header, emit_transposed_sum, literal, put
+from .cuda_text import Writer, cg_sums, emit_edge_header, emit_transposed_sum, lane_row, put
 from .operands import BATCHED
 from .schedule import KernelSchedule
 from .stream import WARP, StreamItem, stage_width
@@ -46,7 +46,7 @@ def emit_stream(w: Writer, schedule: KernelSchedule) -> None:
     # join the group of this edge's first item copy
     w(f"cgtp_wait<{min(len(items) - 1, stages - 2)}>();")
     w("__syncwarp();")
-    for role in _row_roles(stream):
+    for role in stream.row_inputs:
         w(f"const T* const row_{role} = stage_{role} + (t & 1) * {problem.operand_dim(role)};  // this edge's {role} row")
     _emit_rows_issue(w, schedule, "t + 1")
     y_dim = problem.operand_dim("y")
@@ -76,11 +76,6 @@ def emit_stream(w: Writer, schedule: KernelSchedule) -> None:
         w.close()
 
 
-def _row_roles(stream) -> list[str]:
-    """The inputs whose edge rows a weight stream stages (all it reads but the weights)."""
-    return [role for role in ("x", "y", "z") if role in dict(stream.arrays)]
-
-
 def _emit_rows_issue(w: Writer, schedule: KernelSchedule, edge: str) -> None:
     """Copy the x, y and z̄ rows of the tile's edge ``edge`` (nothing past the tile) into the halves
     ``edge & 1`` of their double buffers, zeros for an edge out of range; the copies join the
@@ -93,15 +88,14 @@ def _emit_rows_issue(w: Writer, schedule: KernelSchedule, edge: str) -> None:
     w(f"const int ta = {edge};")
     w.open("if (ta < count)")
     w("const bool ok_a = __shfl_sync(CGTP_FULL_MASK, (int)my_ok, ta) != 0;")
-    names: dict[str, str] = {}  # lane value -> the register holding it for edge ta
-    for role in _row_roles(stream):
-        value = "my_edge" if schedule.call.kind(role) == BATCHED else f"my_ix_{role}"
-        if value not in names:
-            names[value] = f"row_{role}_a"
-            w(f"const long long {names[value]} = __shfl_sync(CGTP_FULL_MASK, {value}, ta);")
-    for role in _row_roles(stream):
+    names: dict[str, str] = {}  # lane register -> the register holding its value for edge ta
+    for role in stream.row_inputs:
+        if lane_row(schedule, role) not in names:
+            names[lane_row(schedule, role)] = f"row_{role}_a"
+            w(f"const long long row_{role}_a = __shfl_sync(CGTP_FULL_MASK, {lane_row(schedule, role)}, ta);")
+    for role in stream.row_inputs:
         dim = problem.operand_dim(role)
-        row = names["my_edge" if schedule.call.kind(role) == BATCHED else f"my_ix_{role}"]
+        row = names[lane_row(schedule, role)]
         w(f"T* const to_{role} = stage_{role} + (ta & 1) * {dim};")
         w(f"if (ok_a) cgtp_copy_async<{dim}, {dim}, {dim}>(to_{role}, in{arrays[role]} + {row} * {dim}LL, lane);")
         w(f"else for (int q = lane; q < {dim}; q += 32) to_{role}[q] = T(0);")
@@ -140,17 +134,6 @@ def _emit_row_flush(w: Writer, schedule: KernelSchedule, row: str) -> None:
     w("__syncwarp();")
 
 
-def _sums(nonzeros, key: int, factors, dtype: str) -> dict[int, str]:
-    """``{c: sum of pw C * a * b}`` over the nonzeros whose ``key`` index (0 i, 1 j, 2 k) is ``c``,
-    the two other indices naming ``factors`` (a format per index, e.g. ``"x_{}"``)."""
-    sums: dict[int, list[str]] = {}
-    for nz in nonzeros:
-        others = [(n, f) for n, f in zip(range(3), factors) if n != key]
-        product = " * ".join(f.format(nz[n]) for n, f in others)
-        sums.setdefault(nz[key], []).append(f"{literal(nz[3], dtype)} * {product}")
-    return {c: " + ".join(terms) for c, terms in sorted(sums.items())}
-
-
 def _emit_item(w: Writer, schedule: KernelSchedule, item: StreamItem) -> None:
     """One item: lanes over the item's rows ``u`` compute ``t[u, :]`` (forward, w̄) and
     ``h[u, :]`` (x̄, ȳ); lanes over ``w`` sum ``W[u, w] t[u, k]`` into the z row; lanes over the
@@ -180,7 +163,7 @@ def _emit_item(w: Writer, schedule: KernelSchedule, item: StreamItem) -> None:
         for j in used[1]:
             w(f"const T y_{j} = row_y[{p.y_offset + j}];")
     if needs_t:
-        t = _sums(p.nonzeros, 2, ("x_{}", "y_{}", ""), dtype)
+        t = cg_sums(p.nonzeros, 2, ("x_{}", "y_{}", ""), dtype)
         for k in range(p.z_dim):
             w(f"stage_t[lane * {p.z_dim} + {k}] = {t.get(k, 'T(0)')};")
         w("__syncwarp();")
@@ -211,10 +194,10 @@ def _emit_item(w: Writer, schedule: KernelSchedule, item: StreamItem) -> None:
         w.close()
         w.close()
         if "x" in outs:
-            for i, value in _sums(p.nonzeros, 0, ("", "y_{}", "h_{}"), dtype).items():
+            for i, value in cg_sums(p.nonzeros, 0, ("", "y_{}", "h_{}"), dtype).items():
                 w(f"if (live) stage_row[{p.x_offset} + u * {p.x_dim} + {i}] += {value};")
         if "y" in outs:
-            for j, value in _sums(p.nonzeros, 1, ("x_{}", "", "h_{}"), dtype).items():
+            for j, value in cg_sums(p.nonzeros, 1, ("x_{}", "", "h_{}"), dtype).items():
                 w(f"gy_{p.y_offset + j} += {value};")
     if "w" in outs:
         k = outs["w"]

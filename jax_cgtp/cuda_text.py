@@ -43,6 +43,23 @@ def row_of(schedule: KernelSchedule, role: str) -> str:
     return {BATCHED: "e", INDEXED: f"ix_{role}", SHARED: "0"}[kind]
 
 
+def lane_row(schedule: KernelSchedule, role: str) -> str:
+    """The per-lane register holding the row of ``role`` (BATCHED or INDEXED) for the lane's edge
+    of the tile; shuffle it from lane ``t`` for the tile's edge ``t``."""
+    return "my_edge" if schedule.call.kind(role) == BATCHED else f"my_ix_{role}"
+
+
+def cg_sums(nonzeros, key: int, factors, dtype: str) -> dict[int, str]:
+    """``{c: sum of pw C * a * b}`` over the CG nonzeros ``(i, j, k, pw C)`` whose ``key`` index
+    (0 i, 1 j, 2 k) is ``c``; the two other indices name the factors ``a`` and ``b`` through
+    ``factors`` (a format per index, e.g. ``"x_{}"``; the ``key`` one unused)."""
+    sums: dict[int, list[str]] = {}
+    for nz in nonzeros:
+        product = " * ".join(f.format(nz[n]) for n, f in enumerate(factors) if n != key)
+        sums.setdefault(nz[key], []).append(f"{literal(nz[3], dtype)} * {product}")
+    return {c: " + ".join(terms) for c, terms in sorted(sums.items())}
+
+
 def emit_edge_header(w: Writer, schedule: KernelSchedule) -> None:
     w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
     w("const bool ok = __shfl_sync(CGTP_FULL_MASK, (int)my_ok, t) != 0;")

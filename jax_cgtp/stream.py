@@ -88,6 +88,11 @@ class WeightStream:
         outputs = dict(self.outputs)
         return "z" if "z" in outputs else ("x" if "x" in outputs else None)
 
+    @property
+    def row_inputs(self) -> tuple[str, ...]:
+        """The inputs whose edge rows the launch stages: every one it reads but the weights."""
+        return tuple(role for role in ("x", "y", "z") if role in dict(self.arrays))
+
 
 def stage_width(row: int) -> int:
     """Shared-memory stride of a staged row of ``row`` elements: odd, so that lane-strided reads
@@ -146,11 +151,9 @@ def stream_buffers(stream: WeightStream, problem) -> dict[str, int]:
     """Shared-memory elements per warp: the ring of weight slots, two of each staged x, y and z̄
     row (the inputs it reads: this edge's and the next one's), the shared-memory output row, and
     ``t`` of one item (32 rows of the widest z irrep)."""
-    arrays = dict(stream.arrays)
     buffers = {"ring": stream.stages * stream.slot}
-    for role in ("x", "y", "z"):  # double: the next edge's rows arrive while this edge computes
-        if role in arrays:
-            buffers[role] = 2 * problem.operand_dim(role)
+    for role in stream.row_inputs:  # double: the next edge's rows arrive while this edge computes
+        buffers[role] = 2 * problem.operand_dim(role)
     if stream.row_role is not None:
         buffers["row"] = problem.operand_dim(stream.row_role)
     if "z" in dict(stream.outputs) or "w" in dict(stream.outputs):

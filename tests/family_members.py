@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_cgtp
+from jax_cgtp.call import Call, Output, Term
 
 TOLERANCE = {jnp.float64: 1e-12, jnp.float32: 1e-5}
 
@@ -104,3 +105,10 @@ def conv_members(conv, num_nodes, x, y, w, src, dst):
         return jnp.sum(forces ** 2)
 
     return out, vjp(g), jax.grad(force_loss, argnums=(0, 1))(w, x)
+
+
+def backward_call(problem, kinds, rows=(None,) * 4, deterministic=False, weighted_only=False):
+    """The fused backward's call: x̄, ȳ and w̄ from inputs ``x, y, w, z̄``."""
+    outputs = (Output("x", (Term((1, 2, 3)),)), Output("y", (Term((0, 2, 3)),)),
+               Output("w", (Term((0, 1, 3), weighted_only),)))
+    return Call(problem, kinds, rows, ("x", "y", "w", "z"), outputs, deterministic)

@@ -1,5 +1,6 @@
 """CUDA backend without a GPU: schedules, generated source, NVRTC compilation and the lowering."""
 
+import dataclasses
 import os
 
 import jax
@@ -7,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
+from family_members import backward_call
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -25,11 +27,6 @@ def build(spec, **options):
 
 def mace_problem():
     return jax_cgtp.channelwise_tensor_product("128x0e+128x1o+128x2e", "0e+1o+2e+3o", filter_ir_out="0e+1o+2e").problem
-
-
-def backward_call(problem, kinds, rows=(None,) * 4, deterministic=False):
-    outputs = (Output("x", (Term((1, 2, 3)),)), Output("y", (Term((0, 2, 3)),)), Output("w", (Term((0, 1, 3)),)))
-    return Call(problem, kinds, rows, ("x", "y", "w", "z"), outputs, deterministic)
 
 
 def test_forward_lanes_split_output_channels_and_stage_x():
@@ -303,3 +300,26 @@ def test_disk_cache_is_reused(tmp_path, monkeypatch):
     assert nvrtc.compile_cubin(source, "sm_90") == b"cached"
     nvrtc._memory.clear()
     assert os.environ["JAX_CGTP_CACHE_DIR"] == str(tmp_path)
+
+
+def test_auto_hands_only_node_level_shared_uvw_weight_gradients_to_xla():
+    uvw = jax_cgtp.fully_connected_tensor_product("4x0e+4x1o", "3x0e", "4x0e+4x1o").problem
+    uvu = jax_cgtp.channelwise_tensor_product("4x0e+4x1o", "0e+1o").problem
+    shared = (BATCHED, BATCHED, SHARED, BATCHED)
+    assert cuda_lowering.xla_outputs(backward_call(uvw, shared)) == (2,)
+    assert cuda_lowering.xla_outputs(backward_call(uvw, (BATCHED,) * 4)) == ()  # per-row weights
+    assert cuda_lowering.xla_outputs(backward_call(uvu, shared)) == ()  # the kernels are faster
+    assert cuda_lowering.xla_outputs(backward_call(uvw, shared, deterministic=True)) == ()
+    conv = (INDEXED, BATCHED, SHARED, INDEXED)
+    assert cuda_lowering.xla_outputs(backward_call(uvw, conv, (5, None, None, 5))) == ()  # no per-edge gather
+    backward = backward_call(uvw, shared)
+    assert [o.role for o in cuda_lowering.kernel_call(backward, "auto").outputs] == ["x", "y"]
+    assert cuda_lowering.kernel_call(backward, "cuda") == backward
+    assert cuda_lowering.kernel_call(dataclasses.replace(backward, outputs=backward.outputs[2:]), "auto") is None
+
+    tp = jax_cgtp.TensorProduct(uvw.irreps_in1, uvw.irreps_in2, uvw.irreps_out,
+                                [(i.i_in1, i.i_in2, i.i_out, i.mode, True) for i in uvw.instructions])
+    x, y, w = jnp.ones((6, tp.irreps_in1.dim)), jnp.ones((6, 3)), jnp.ones(tp.weight_numel)
+    grads = jax.grad(lambda x, w: jnp.sum(tp(x, y, w) ** 2), argnums=(0, 1))
+    roles = [[o.role for o in k.outputs] for k in cuda_lowering.planned_kernels(grads, x, w)]
+    assert roles == [["z"], ["x"]]  # the forward and x̄ on the kernels; w̄ on XLA

@@ -126,6 +126,20 @@ def test_shared_weight_gradient_for_every_tile_size(batch):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_auto_with_shared_uvw_weights_matches_reference(dtype):
+    """``backend="auto"`` hands w̄ of shared ``uvw`` weights to XLA and keeps the rest on the
+    kernels (``cuda_lowering.xla_outputs``): every derivative of order 1 and 2 still agrees."""
+    spec = random_problem(612, mode="uvw", lmax=2)
+    auto, reference = pair(spec, kernels="auto")
+    args = random_inputs(jax.random.PRNGKey(9), spec, (3000,), auto.weight_numel, dtype, True)
+    actual = jax.jit(functools.partial(squared_norm_and_gradients, auto))(*args)
+    expected = jax.jit(functools.partial(squared_norm_and_gradients, reference))(*(a.astype(jnp.float64) for a in args))
+    assert_close(actual, expected, dtype)
+    x, y, w = (a.astype(jnp.float64) for a in args)
+    check_grads(lambda w, x: auto(x, y[:50], w), (w, x[:50]), order=2, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("pairing", [spherical_harmonics_pair, fully_connected_pair])
 def test_joint_passes_and_weight_streams_match_reference(pairing, dtype):
     """Spherical-harmonics paths: forward, fused backward and ȳ alone run as joint passes (``uvu``)

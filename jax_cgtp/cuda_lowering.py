@@ -1,9 +1,9 @@
 """Lowering of ``cgtp`` calls on NVIDIA GPUs: generated kernels launched through an XLA FFI call.
 
 Each launch of the call's schedule becomes one ``jax.ffi.ffi_call`` to the ``jax_cgtp_launch``
-handler (``cuda/ffi_launch.cc``), on XLA's stream. With ``backend="auto"``, the outputs that
-:func:`xla_outputs` names are lowered through the pure-JAX reference instead (XLA's matrix
-products); ``backend="cuda"`` runs every output on the kernels. The cubin travels in the HLO as an attribute,
+handler (``cuda/ffi_launch.cc``), on XLA's stream. With ``backend="auto"``, the calls that
+:func:`runs_on_xla` picks are lowered through the pure-JAX reference instead (XLA's matrix
+products); ``backend="cuda"`` runs every call on the kernels. The cubin travels in the HLO as an attribute,
 so compiled executables are self-contained (JAX's persistent compilation cache and
 ``jax.export`` keep working). SHARED outputs come back as one partial row per tile walker and
 are summed here, which keeps them deterministic. With ``JAX_CGTP_POISON_OUTPUTS=1`` set when a
@@ -13,7 +13,6 @@ function is lowered, outputs the kernels overwrite start as NaN instead of unini
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import os
@@ -23,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import codegen, nvrtc, schedule
-from .call import Call, num_edges, output_shape, prune_inputs
+from .call import Call, num_edges, output_shape
 from .operands import INDEXED, SHARED
 
 TARGET = "jax_cgtp_launch"
@@ -65,34 +64,25 @@ def device_arch() -> str:
     return f"sm_{_ffi.compute_capability(0)}"
 
 
-def xla_outputs(call: Call) -> tuple[int, ...]:
-    """Outputs of ``call`` that ``backend="auto"`` hands to XLA: the gradient of shared weights of
-    a problem with ``uvw`` paths, in a call with no indexed operand that is not deterministic.
+def runs_on_xla(call: Call, backend: str) -> bool:
+    """Whether ``backend="auto"`` lowers ``call`` through the pure-JAX reference (XLA's matrix
+    products) instead of the kernels: any derivative of a ``uvw`` product with shared weights, in a
+    call with no indexed operand that is not deterministic.
 
-    That gradient is ``w̄[u,v,w] = sum over rows of x[u,i] y[v,j] z̄[w,k] C[i,j,k]``: a matrix
-    product summed over every row. The kernels give each row to one warp and reduce per-warp
-    partials; on an H100, XLA's ``dot_general``s ran the phases that produce it 1.4 to 50 times
-    faster (``benchmarks/shared_weights.py``), while the kernels ran the forward of the same
-    products and every phase of ``uvu`` products faster. A gather of an indexed operand would
-    materialise one row per edge, and a deterministic call promises the kernels' fixed order of
-    summation, so convolutions and deterministic calls keep their kernels.
+    Shared ``uvw`` weights make every derivative a matrix product summed or broadcast over all
+    rows (``w̄[u,v,w] = sum over rows of x[u,i] y[v,j] z̄[w,k] C[i,j,k]``, and ``x̄`` and ``ȳ``
+    contract the whole weight matrix per row). The kernels give each row to one warp; on an H100,
+    XLA's ``dot_general``s ran those phases 1.1 to 30 times faster, while the kernels ran the
+    forward of the NequIP self-connection faster (``benchmarks/shared_weights.py``). A gather of an
+    indexed operand would materialise one row per edge, and a deterministic call promises the
+    kernels' fixed order of summation, so convolutions and deterministic calls keep their kernels.
     """
-    if call.deterministic or INDEXED in call.kinds:
-        return ()
+    if backend != "auto" or call.deterministic or INDEXED in call.kinds or call.kind("w") != SHARED:
+        return False
     if not any(ins.mode == "uvw" and ins.has_weight and ins.is_active for ins in call.problem.instructions):
-        return ()
-    return tuple(k for k, o in enumerate(call.outputs) if o.role == "w" and call.kind("w") == SHARED)
-
-
-def _restricted(call: Call, outputs) -> Call:
-    return dataclasses.replace(call, outputs=tuple(call.outputs[k] for k in outputs))
-
-
-def kernel_call(call: Call, backend: str) -> Call | None:
-    """The part of ``call`` that runs on generated kernels under ``backend``, or None."""
-    handed = set(xla_outputs(call)) if backend == "auto" else set()
-    kept = [k for k in range(len(call.outputs)) if k not in handed]
-    return _restricted(call, kept) if kept else None
+        return False
+    forward = [(o.role, len(o.terms)) for o in call.outputs] == [("z", 1)] and not call.outputs[0].terms[0].weighted_only
+    return not forward
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,50 +154,29 @@ def run_kernel(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars
     )
 
 
-def launch_mixed(call: Call, backend: str, reference_outputs, *args):
-    """Every output of ``call``: those of :func:`kernel_call` on the kernels, the others from
-    ``reference_outputs(call, *args)`` (XLA)."""
-    kernels = kernel_call(call, backend)
-    if kernels is not None and len(kernels.outputs) == len(call.outputs):
-        return launch(call, *args)
-    handed = xla_outputs(call)
-    results = [None] * len(call.outputs)
-    for k, value in zip(handed, reference_outputs(_restricted(call, handed), *args)):
-        results[k] = value
-    if kernels is not None:
-        kept = [k for k in range(len(call.outputs)) if k not in handed]
-        kernels, inputs = prune_inputs(kernels, list(args[: call.num_inputs]))
-        for k, value in zip(kept, launch(kernels, *inputs, *args[call.num_inputs :])):
-            results[k] = value
-    return results
-
-
-def lowering(reference_rule, reference_outputs):
-    """The CUDA lowering rule; ``backend="reference"`` calls use ``reference_rule`` instead, and
-    the outputs that :func:`xla_outputs` names under ``backend="auto"`` ``reference_outputs``."""
+def lowering(reference_rule):
+    """The CUDA lowering rule; ``backend="reference"`` calls, and the calls :func:`runs_on_xla`
+    picks, use ``reference_rule`` instead."""
     from jax.interpreters import mlir
 
     def rule(ctx, *args, call, backend):
-        if backend == "reference":
+        if backend == "reference" or runs_on_xla(call, backend):
             return reference_rule(ctx, *args, call=call, backend=backend)
-        if kernel_call(call, backend) is not None:
-            _register_target()
-        body = functools.partial(launch_mixed, call, backend, reference_outputs)
-        return mlir.lower_fun(body, multiple_results=True)(ctx, *args)
+        _register_target()
+        return mlir.lower_fun(functools.partial(launch, call), multiple_results=True)(ctx, *args)
 
     return rule
 
 
 def _calls_in(jaxpr):
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "cgtp" and eqn.params["backend"] != "reference":
+        backend = eqn.params.get("backend")
+        if eqn.primitive.name == "cgtp" and backend != "reference" and not runs_on_xla(eqn.params["call"], backend):
             dtype = jnp.dtype(eqn.invars[0].aval.dtype)
             call = eqn.params["call"]
-            kernels = kernel_call(call, eqn.params["backend"])
             indices = [v.aval for v in eqn.invars[call.num_inputs :]]
             edges = num_edges(call, [v.aval.shape for v in eqn.invars])
-            if kernels is not None:
-                yield kernels, dtype, _common_index_dtype(indices)[1], edges
+            yield call, dtype, _common_index_dtype(indices)[1], edges
         for param in eqn.params.values():
             for sub in param if isinstance(param, (tuple, list)) else (param,):
                 inner = getattr(sub, "jaxpr", None)

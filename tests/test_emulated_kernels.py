@@ -11,13 +11,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-from family_members import (assert_close, backward_call, conv_members, fully_connected_pair, members, pair, random_graph,
+from family_members import (assert_close, conv_members, fully_connected_pair, members, pair, random_graph,
                             spherical_harmonics_pair, squared_norm_and_gradients)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
-from jax_cgtp import cuda_lowering, primitives, schedule
-from jax_cgtp.operands import BATCHED, SHARED
+from jax_cgtp import schedule
 from jax_cgtp.problem import MODES
 
 import kernel_emulator
@@ -169,21 +168,3 @@ def test_weight_streams_of_the_convolution_match_reference(sorted_by_dst, determ
     streamed = _streamed(before)
     assert {"z": 0} in streamed and {"x": 0, "y": 1, "w": 2} in streamed
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
-
-
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_auto_hands_shared_uvw_weight_gradients_to_xla(dtype):
-    """``backend="auto"`` on a GPU: the fused backward of a ``uvw`` product with shared weights
-    runs x̄ and ȳ on the kernels and w̄ on XLA; together they match the reference."""
-    tp = jax_cgtp.fully_connected_tensor_product("3x0e+2x1o", "2x0e+1x1o", "4x0e+3x1o")
-    x, y, g = (jax.random.normal(jax.random.PRNGKey(n), (11, dim), dtype)
-               for n, dim in enumerate((tp.irreps_in1.dim, tp.irreps_in2.dim, tp.irreps_out.dim)))
-    w = jax.random.normal(jax.random.PRNGKey(3), (tp.weight_numel,), dtype)
-    call = backward_call(tp.problem, (BATCHED, BATCHED, SHARED, BATCHED), weighted_only=True)
-    assert cuda_lowering.xla_outputs(call) == (2,)
-    before = len(kernel_emulator.launched())
-    actual = jax.jit(functools.partial(cuda_lowering.launch_mixed, call, "auto", primitives.reference_outputs))(x, y, w, g)
-    launches = kernel_emulator.launched()[before:]
-    assert launches and all(out.role != "w" for kernel in launches for out in kernel.outputs)
-    expected = primitives.reference_outputs(call, *(a.astype(jnp.float64) for a in (x, y, w, g)))
-    assert_close(actual, expected, dtype)

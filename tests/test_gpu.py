@@ -127,8 +127,8 @@ def test_shared_weight_gradient_for_every_tile_size(batch):
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_auto_with_shared_uvw_weights_matches_reference(dtype):
-    """``backend="auto"`` hands w̄ of shared ``uvw`` weights to XLA and keeps the rest on the
-    kernels (``cuda_lowering.xla_outputs``): every derivative of order 1 and 2 still agrees."""
+    """``backend="auto"`` runs the forward of a ``uvw`` product with shared weights on the kernels
+    and its derivatives on XLA (``cuda_lowering.runs_on_xla``): derivatives of order 1 and 2 agree."""
     spec = random_problem(612, mode="uvw", lmax=2)
     auto, reference = pair(spec, kernels="auto")
     args = random_inputs(jax.random.PRNGKey(9), spec, (3000,), auto.weight_numel, dtype, True)

@@ -2,8 +2,11 @@
 
 The choice is a primitive parameter; the lowering of each platform reads it. ``"auto"`` runs
 the generated CUDA kernels when the computation is lowered for an NVIDIA GPU and the
-pure-JAX reference otherwise; ``"reference"`` always runs the reference; ``"cuda"`` demands
-the kernels and is an error anywhere else.
+pure-JAX reference otherwise, with one exception measured on the GPU: the derivatives of a
+``uvw`` product with shared weights, outside convolutions and deterministic calls, are matrix
+products that XLA runs faster, so they lower to the reference there
+(:func:`jax_cgtp.cuda_lowering.runs_on_xla`). ``"reference"`` always runs the reference;
+``"cuda"`` demands the kernels for every call and is an error anywhere else.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def runs_on_xla(call: Call, backend: str) -> bool:
     Shared ``uvw`` weights make every derivative a matrix product summed or broadcast over all
     rows (``w̄[u,v,w] = sum over rows of x[u,i] y[v,j] z̄[w,k] C[i,j,k]``, and ``x̄`` and ``ȳ``
     contract the whole weight matrix per row). The kernels give each row to one warp; on an H100,
-    XLA's ``dot_general``s ran those phases 1.1 to 30 times faster, while the kernels ran the
+    XLA's ``dot_general``s ran those phases 1.1 to 50 times faster, while the kernels ran the
     forward of the NequIP self-connection faster (``benchmarks/shared_weights.py``). A gather of an
     indexed operand would materialise one row per edge, and a deterministic call promises the
     kernels' fixed order of summation, so convolutions and deterministic calls keep their kernels.

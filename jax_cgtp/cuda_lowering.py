@@ -3,8 +3,8 @@
 Each launch of the call's schedule becomes one ``jax.ffi.ffi_call`` to the ``jax_cgtp_launch``
 handler (``cuda/ffi_launch.cc``), on XLA's stream. With ``backend="auto"``, the calls that
 :func:`runs_on_xla` picks are lowered through the pure-JAX reference instead (XLA's matrix
-products); ``backend="cuda"`` runs every call on the kernels. The cubin travels in the HLO as an attribute,
-so compiled executables are self-contained (JAX's persistent compilation cache and
+products); ``backend="cuda"`` runs every call on the kernels. The cubin travels in the HLO as an
+attribute, so compiled executables are self-contained (JAX's persistent compilation cache and
 ``jax.export`` keep working). SHARED outputs come back as one partial row per tile walker and
 are summed here, which keeps them deterministic. With ``JAX_CGTP_POISON_OUTPUTS=1`` set when a
 function is lowered, outputs the kernels overwrite start as NaN instead of uninitialised memory
@@ -81,7 +81,8 @@ def runs_on_xla(call: Call, backend: str) -> bool:
         return False
     if not any(ins.mode == "uvw" and ins.has_weight and ins.is_active for ins in call.problem.instructions):
         return False
-    forward = [(o.role, len(o.terms)) for o in call.outputs] == [("z", 1)] and not call.outputs[0].terms[0].weighted_only
+    (first, *others) = call.outputs
+    forward = not others and first.role == "z" and len(first.terms) == 1 and not first.terms[0].weighted_only
     return not forward
 
 

@@ -304,7 +304,8 @@ def test_disk_cache_is_reused(tmp_path, monkeypatch):
 
 
 def test_auto_runs_derivatives_of_node_level_shared_uvw_products_on_xla():
-    uvw = jax_cgtp.fully_connected_tensor_product("4x0e+4x1o", "3x0e", "4x0e+4x1o").problem
+    tp = jax_cgtp.fully_connected_tensor_product("4x0e+4x1o", "3x0e", "4x0e+4x1o")
+    uvw = tp.problem
     uvu = jax_cgtp.channelwise_tensor_product("4x0e+4x1o", "0e+1o").problem
     shared = (BATCHED, BATCHED, SHARED, BATCHED)
     backward = backward_call(uvw, shared)
@@ -317,8 +318,6 @@ def test_auto_runs_derivatives_of_node_level_shared_uvw_products_on_xla():
     conv = (INDEXED, BATCHED, SHARED, INDEXED)
     assert not cuda_lowering.runs_on_xla(backward_call(uvw, conv, (5, None, None, 5)), "auto")  # no gather
 
-    tp = jax_cgtp.TensorProduct(uvw.irreps_in1, uvw.irreps_in2, uvw.irreps_out,
-                                [(i.i_in1, i.i_in2, i.i_out, i.mode, True) for i in uvw.instructions])
     x, y, w = jnp.ones((6, tp.irreps_in1.dim)), jnp.ones((6, 3)), jnp.ones(tp.weight_numel)
     grads = jax.grad(lambda x, w: jnp.sum(tp(x, y, w) ** 2), argnums=(0, 1))
     roles = [[o.role for o in k.outputs] for k in cuda_lowering.planned_kernels(grads, x, w)]

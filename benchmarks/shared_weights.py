@@ -19,10 +19,10 @@ import argparse
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jax_cgtp
 
+from .measure import relative_error
 from .phases import phase_function
 from .timing import PIPELINE_BATCHES, compile_function, time_pipelined
 
@@ -56,24 +56,18 @@ def inputs(tp, rows: int, dtype, seed: int = 0):
     return x, y, w, g
 
 
-def relative_difference(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
-
-
 def measure(name: str, rows: int, dtype, phase: str) -> dict:
-    kind, irreps_in1, irreps_in2, irreps_out = PRODUCTS[name]
+    products = {backend: make_product(*PRODUCTS[name], backend) for backend in BACKENDS}
+    x, y, w, g = inputs(products["cuda"], rows, dtype)
+    args = (x, y, w) if phase == "fwd" else (x, y, w, g)
     results = {}
-    for backend in BACKENDS:
-        tp = make_product(kind, irreps_in1, irreps_in2, irreps_out, backend)
-        x, y, w, g = inputs(tp, rows, dtype)
-        args = (x, y, w) if phase == "fwd" else (x, y, w, g)
+    for backend, tp in products.items():
         compiled = compile_function(phase_function(phase, tp), args)
         outputs = jax.block_until_ready(compiled(*args))
         time_pipelined(compiled, args, 1, CALLS)
         results[backend] = (time_pipelined(compiled, args, PIPELINE_BATCHES, CALLS), outputs)
     expected = results["reference"][1]
-    difference = max(relative_difference(a, b) for backend in BACKENDS for a, b in zip(results[backend][1], expected))
+    difference = max(relative_error(a, b)[0] for backend in BACKENDS for a, b in zip(results[backend][1], expected))
     times = {backend: results[backend][0] for backend in BACKENDS}
     return {"product": name, "rows": rows, "dtype": jnp.dtype(dtype).name, "phase": phase,
             "kernels_ms": times["cuda"], "auto_ms": times["auto"], "xla_ms": times["reference"],

@@ -36,7 +36,7 @@ import math
 from .call import Call, Term, common_arguments
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
 from .problem import Instruction, Problem, cg_nonzeros
-from .stream import TILE_STREAM, WARP, WeightStream, stage_width, stream_buffers, weight_stream
+from .stream import TILE_STREAM, WALK_KINDS, WARP, WeightStream, stage_width, stream_buffers, weight_stream
 
 WARPS_PER_BLOCK = 4
 TILE_INDEXED = 32  # edges per tile when rows are accumulated across edges
@@ -395,8 +395,7 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
     by_destination = call.kind("z") == INDEXED
     if not forward and ("z" in roles or (set(roles) in ({"x"}, {"w"}) and not by_destination)):
         return None
-    allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,), "z": (BATCHED, INDEXED)}
-    if any(o.kind not in allowed[o.role] for o in outputs):
+    if any(o.kind not in WALK_KINDS[o.role] for o in outputs):
         return None
     arrays = common_arguments(call, [out.call_output for out in outputs])
     if arrays is None or any(call.outputs[out.call_output].terms[0].weighted_only and out.role != "w"

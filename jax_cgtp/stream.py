@@ -34,6 +34,9 @@ ITEM_BYTES = 4096  # target size of one item's weights
 TILE_STREAM = 8  # consecutive edges a warp takes at a time (the pipeline restarts per tile)
 MAX_WARP_BYTES = 48 * 1024  # shared memory per warp: 4 warps stay within a block's 227 KiB on sm_90
 WARP = 32  # lanes of a warp
+# row kinds the one-pass walks (weight streams and joint passes) handle: y and w per edge, x and z
+# per edge or indexed (a convolution)
+WALK_KINDS = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,), "z": (BATCHED, INDEXED)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +128,7 @@ def weight_stream(call, outputs, itemsize: int) -> WeightStream | None:
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs) or ("z" in roles and len(roles) > 1) or set(roles) == {"w"}:
         return None
-    allowed = {"x": (BATCHED, INDEXED), "y": (BATCHED,), "w": (BATCHED,), "z": (BATCHED, INDEXED)}
-    if any(call.kind(role) not in kinds for role, kinds in allowed.items()):
+    if any(call.kind(role) not in kinds for role, kinds in WALK_KINDS.items()):
         return None
     arrays = common_arguments(call, [out.call_output for out in outputs])
     if arrays is None:

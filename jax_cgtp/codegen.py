@@ -443,7 +443,7 @@ def _emit_joint(w: Writer, schedule: KernelSchedule) -> None:
     joint = schedule.joint
     outs = dict(joint.outputs)
     if joint.by_destination:
-        (_emit_joint_scatter if "z" in outs else _emit_joint_gather)(w, schedule)
+        (_emit_joint_scatter if set(outs) == {"z"} else _emit_joint_gather)(w, schedule)
         return
     w()
     kind = "forward" if "z" in outs else "backward"
@@ -479,11 +479,13 @@ def _emit_joint(w: Writer, schedule: KernelSchedule) -> None:
 
 
 def _emit_joint_rows(w: Writer, schedule: KernelSchedule, roles=("x", "y", "w", "z")) -> None:
-    """Pointers ``p_{role}`` to this edge's row of each input of a joint pass (of ``roles``)."""
+    """Pointers ``p_{role}{suffix}`` to this edge's row of each input of a joint pass (of ``roles``)."""
+    joint = schedule.joint
     problem = schedule.call.problem
-    for role, a in schedule.joint.arrays:
+    for role, a in joint.arrays:
         if role in roles:
-            w(f"const T* const p_{role} = in{a} + {row_of(schedule, role)} * {problem.operand_dim(role)}LL;  // {role} row")
+            w(f"const T* const p_{role}{joint.suffix(role, a)} = in{a} + {row_of(schedule, role)} * "
+              f"{problem.operand_dim(role)}LL;  // {role} row")
 
 
 def _open_joint_chunks(w: Writer, x_offset: int, mul: int, dim: int, paths) -> None:
@@ -497,28 +499,35 @@ def _open_joint_chunks(w: Writer, x_offset: int, mul: int, dim: int, paths) -> N
     w(f"const int nrows = {mul} - c * 32 < 32 ? {mul} - c * 32 : 32;")
 
 
+def _stage_y_base(n: int, dim: int) -> str:
+    """Where the staged tile rows of the pass's ``n``-th y input start in ``stage_y``."""
+    return f"{n * WARP * dim} + " if n else ""
+
+
 def _emit_tile_y(w: Writer, schedule: KernelSchedule) -> None:
-    """Stage the y rows of the tile's edges in ``stage_y`` (row ``t`` for the tile's edge ``t``),
-    once per tile: every chunk of every x block then reads its y components from there."""
-    problem = schedule.call.problem
-    dim = problem.operand_dim("y")
-    array = dict(schedule.joint.arrays)["y"]
+    """Stage the y rows of the tile's edges in ``stage_y`` (row ``t`` for the tile's edge ``t``, one
+    set of rows per y input), once per tile: every chunk of every x block then reads its y
+    components from there."""
+    dim = schedule.call.problem.operand_dim("y")
     w("// the y rows of the tile's edges, staged once for every chunk of every x block")
     w("__syncwarp();")
     w.open(f"for (int q = lane; q < {WARP * dim}; q += 32)")
     w(f"const int t = q / {dim};")
     w("const long long row = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
-    w(f"if (t < count) stage_y[q] = in{array}[row * {dim}LL + q % {dim}];")
+    for n, array in enumerate(schedule.joint.reads("y")):
+        w(f"if (t < count) stage_y[{_stage_y_base(n, dim)}q] = in{array}[row * {dim}LL + q % {dim}];")
     w.close()
     w("__syncwarp();")
 
 
 def _staged_y(schedule: KernelSchedule):
-    """``y`` component ``c`` of the current edge ``t``: a staged tile row, or None (loaded per path)."""
+    """Component ``c`` of y input ``array`` for the current edge ``t``, ``value(array, c)``: a staged
+    tile row, or None (loaded per path)."""
     if "y" not in dict(schedule.stage_sizes):
         return None
     dim = schedule.call.problem.operand_dim("y")
-    return lambda c: f"stage_y[t * {dim} + {c}]"
+    arrays = schedule.joint.reads("y")
+    return lambda array, c: f"stage_y[{_stage_y_base(arrays.index(array), dim)}t * {dim} + {c}]"
 
 
 def _ahead_rows(w: Writer, schedule: KernelSchedule, roles) -> dict[str, str]:
@@ -536,68 +545,83 @@ def _ahead_rows(w: Writer, schedule: KernelSchedule, roles) -> dict[str, str]:
 
 def _weighted(schedule: KernelSchedule, paths) -> list[JointPath]:
     """The paths whose weight a joint pass reads (none when it does not read ``w``)."""
-    return [p for p in paths if p.w_offset is not None] if "w" in dict(schedule.joint.arrays) else []
+    return [p for p in paths if p.w_offset is not None] if schedule.joint.reads("w") else []
 
 
 def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str,
                       x_condition: str = "") -> None:
-    """Load the operands of the tile's edge ``edge`` for this chunk into registers (``ax``: the x
-    chunk's coalesced elements; ``aw_n``: path n's weight), zero when the edge is past the tile or
-    invalid (or ``x_condition`` is false), so that they are in flight while the current edge computes."""
-    arrays = dict(schedule.joint.arrays)
+    """Load the operands of the tile's edge ``edge`` for this chunk into registers (``ax{s}``: the
+    chunk's coalesced elements of x input ``s``; ``aw{s}_n``: path n's weight in w input ``s``),
+    zero when the edge is past the tile or invalid (or ``x_condition`` is false), so that they are
+    in flight while the current edge computes."""
+    joint = schedule.joint
     problem = schedule.call.problem
     weighted = _weighted(schedule, paths)
-    reads_x = "x" in arrays
+    xs = joint.reads("x")
     w.open("")
     w(f"const int ta = {edge};")
     w("const bool ok_a = ta < count && __shfl_sync(CGTP_FULL_MASK, (int)my_ok, ta) != 0;")
-    rows = _ahead_rows(w, schedule, (["x"] if reads_x else []) + (["w"] if weighted else []))
-    if reads_x:
-        condition = f"ok_a && ({x_condition})" if x_condition else "ok_a"
-        w(f"cgtp_fetch<{dim}>(ax, in{arrays['x']} + {rows['x']} * {problem.operand_dim('x')}LL + {x_offset} + "
-          f"c * {WARP * dim}LL, nrows * {dim}, lane, {condition});")
-    if weighted:
-        w(f"const T* const pw_a = in{arrays['w']} + {rows['w']} * {problem.operand_dim('w')}LL;")
-    for p in weighted:
-        w(f"aw_{p.ins_index} = ok_a && active ? pw_a[{p.w_offset} + lc] : T(0);")
+    rows = _ahead_rows(w, schedule, (["x"] if xs else []) + (["w"] if weighted else []))
+    condition = f"ok_a && ({x_condition})" if x_condition else "ok_a"
+    for a in xs:
+        w(f"cgtp_fetch<{dim}>(ax{joint.suffix('x', a)}, in{a} + {rows['x']} * {problem.operand_dim('x')}LL + "
+          f"{x_offset} + c * {WARP * dim}LL, nrows * {dim}, lane, {condition});")
+    for a in joint.reads("w") if weighted else ():
+        s = joint.suffix("w", a)
+        w(f"const T* const pw{s}_a = in{a} + {rows['w']} * {problem.operand_dim('w')}LL;")
+        for p in weighted:
+            w(f"aw{s}_{p.ins_index} = ok_a && active ? pw{s}_a[{p.w_offset} + lc] : T(0);")
     w.close()
 
 
 def _emit_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, x_condition: str = "") -> None:
     """Declare the look-ahead registers of a chunk and load them for the tile's first edge."""
-    if "x" in dict(schedule.joint.arrays):
-        w(f"T ax[{dim}];")
+    joint = schedule.joint
+    for a in joint.reads("x"):
+        w(f"T ax{joint.suffix('x', a)}[{dim}];")
     weighted = _weighted(schedule, paths)
-    if weighted:
-        w(f"T {', '.join(f'aw_{p.ins_index}' for p in weighted)};")
+    for a in joint.reads("w") if weighted else ():
+        s = joint.suffix("w", a)
+        w(f"T {', '.join(f'aw{s}_{p.ins_index}' for p in weighted)};")
     w("// the next edge's x chunk and weights are loaded while the current edge computes")
     _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "0", x_condition)
 
 
 def _take_ahead(w: Writer, schedule: KernelSchedule, dim: int, paths) -> dict[str, str]:
     """Copy the look-ahead registers (this edge's operands) before they are refilled; returns the
-    current weight of each weighted path by instruction index."""
-    if "x" in dict(schedule.joint.arrays):
-        w(f"T cx[{dim}] = {{{', '.join(f'ax[{r}]' for r in range(dim))}}};")
+    current weight of each weighted path and w input, by ``(instruction index, input)``."""
+    joint = schedule.joint
+    for a in joint.reads("x"):
+        s = joint.suffix("x", a)
+        w(f"T cx{s}[{dim}] = {{{', '.join(f'ax{s}[{r}]' for r in range(dim))}}};")
     weights = {}
-    for p in _weighted(schedule, paths):
-        w(f"const T cw_{p.ins_index} = aw_{p.ins_index};")
-        weights[p.ins_index] = f"cw_{p.ins_index}"
+    weighted = _weighted(schedule, paths)
+    for a in joint.reads("w") if weighted else ():
+        s = joint.suffix("w", a)
+        for p in weighted:
+            w(f"const T cw{s}_{p.ins_index} = aw{s}_{p.ins_index};")
+            weights[p.ins_index, a] = f"cw{s}_{p.ins_index}"
     return weights
 
 
 def _emit_x_from_ahead(w: Writer, schedule: KernelSchedule, dim: int) -> bool:
-    """Registers ``x_q`` of this lane's channel from the taken chunk ``cx`` (transposed through the
-    warp's staging rows when ``dim > 1``); True if staged (the caller syncs before the next use)."""
-    if dim == 1:
-        w("const T x_0 = cx[0];")
-        return False
-    width = stage_width(dim)
-    w(f"cgtp_unpack<{dim}, {width}>(stage_x, cx, lane);")
-    w("__syncwarp();")
-    for q in range(dim):
-        w(f"const T x_{q} = live ? stage_x[lane * {width} + {q}] : T(0);")
-    return True
+    """Registers ``x{s}_q`` of this lane's channel from the taken chunk ``cx{s}`` of each x input
+    (transposed through the warp's staging rows when ``dim > 1``, one input after the other);
+    True if staged (the caller syncs before the next use)."""
+    joint = schedule.joint
+    for n, a in enumerate(joint.reads("x")):
+        s = joint.suffix("x", a)
+        if dim == 1:
+            w(f"const T x{s}_0 = cx{s}[0];")
+            continue
+        if n:
+            w("__syncwarp();  // the previous input's elements are read")
+        width = stage_width(dim)
+        w(f"cgtp_unpack<{dim}, {width}>(stage_x, cx{s}, lane);")
+        w("__syncwarp();")
+        for q in range(dim):
+            w(f"const T x{s}_{q} = live ? stage_x[lane * {width} + {q}] : T(0);")
+    return dim > 1
 
 
 def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
@@ -637,7 +661,7 @@ def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
             _emit_joint_rows(w, schedule, ("y",))
         staged = _emit_x_from_ahead(w, schedule, dim)
         for path, names in zip(paths, accumulators):
-            _emit_joint_path(w, schedule, path, names, y_values, weights.get(path.ins_index))
+            _emit_joint_path(w, schedule, path, z_acc=names, y_values=y_values, weights=weights)
         if staged:
             w("__syncwarp();")
         w.close()
@@ -652,12 +676,13 @@ def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
 def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
     """The joint backward of a convolution: per x block and chunk, the tile's edges in order.
     The block's z̄ chunks are staged in shared memory when the destination changes (edges sorted
-    by ``dst``: once per node and tile). The x chunk stays in registers, and x̄ accumulates,
+    by ``dst``: once per node and tile). The x chunks stay in registers, and x̄ accumulates,
     while the source stays the same; x̄ is flushed (atomically, or by the warp that owns a
     deterministic launch's source run) when it changes. w̄ is written per edge, and each edge's
-    ȳ summed over the warp into the tile's rows in shared memory, stored at the end. The next
-    edge's weights, and its x chunk when its source differs, are loaded while the current edge
-    computes."""
+    ȳ summed over the warp into the tile's rows in shared memory, stored at the end. A z output
+    (the force loss's second derivative) accumulates in registers while the destination stays the
+    same, as in the forward. The next edge's weights, and its x chunks when its source differs,
+    are loaded while the current edge computes."""
     joint = schedule.joint
     outs = dict(joint.outputs)
     y_dim = schedule.call.problem.operand_dim("y")
@@ -670,14 +695,18 @@ def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
     y_values = _staged_y(schedule)
     if y_values:
         _emit_tile_y(w, schedule)
-    reads_x = "x" in dict(joint.arrays)  # x̄ alone does not read x
+    xs = [joint.suffix("x", a) for a in joint.reads("x")]  # x̄ alone does not read x
     x_row = row_of(schedule, "x")
     x_out = schedule.outputs[outs["x"]] if "x" in outs else None
+    z_out = schedule.outputs[outs["z"]] if "z" in outs else None
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
         w("long long cur = -1, cur_x = -1;")
-        if reads_x:
-            w(f"T {', '.join(f'xr_{q} = T(0)' for q in range(dim))};")
+        for s in xs:
+            w(f"T {', '.join(f'xr{s}_{q} = T(0)' for q in range(dim))};")
+        accumulators = [[f"gz{n}_{k}" for k in range(p.z_dim)] for n, p in enumerate(paths)] if z_out else []
+        if accumulators:
+            w(f"T {', '.join(a + ' = T(0)' for names in accumulators for a in names)};")
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
         # the next edge's x chunk is needed only when its source differs from the one held then
@@ -699,6 +728,11 @@ def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
         w("const bool live = active;")
         _emit_joint_rows(w, schedule, ("z",) if y_values else ("y", "z"))
         w.open("if (ix_z != cur)")
+        if z_out is not None and z_out.flush != "own":  # an owned run has one destination node
+            w.open("if (cur >= 0)")
+            for path, names in zip(paths, accumulators):
+                _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, "cur")
+            w.close()
         w("cur = ix_z;")
         w("__syncwarp();")
         staged_z, offset = [], 0
@@ -716,20 +750,21 @@ def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
             _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x")
             w.close()
         w(f"cur_x = {x_row};")
-        if reads_x:
+        if xs:
             w.open("")
             if _emit_x_from_ahead(w, schedule, dim):
                 w("__syncwarp();")
-            w(" ".join(f"xr_{q} = x_{q};" for q in range(dim)))
+            w(" ".join(f"xr{s}_{q} = x{s}_{q};" for s in xs for q in range(dim)))
             w.close()
         w.close()
-        if reads_x:
-            w(" ".join(f"const T x_{q} = xr_{q};" for q in range(dim)))
+        for s in xs:
+            w(" ".join(f"const T x{s}_{q} = xr{s}_{q};" for q in range(dim)))
         reached = sorted({joint.y_blocks.index((p.y_offset, p.y_dim)) for p in paths}) if "y" in outs else []
         for n in reached:
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};")
-        for path, z_values in zip(paths, staged_z):
-            _emit_joint_path(w, schedule, path, z_values, y_values, weights.get(path.ins_index))
+        for n, (path, z_values) in enumerate(zip(paths, staged_z)):
+            _emit_joint_path(w, schedule, path, z_acc=accumulators[n] if accumulators else None, z_values=z_values,
+                             y_values=y_values, weights=weights)
         if reached:
             lo, values = _y_sum_values(joint, reached)
             emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
@@ -738,6 +773,12 @@ def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
             condition, row = _owned_end(x_out, "cur_x")
             w.open(f"if ({condition})")
             _emit_joint_flush(w, schedule, "x", x_offset, dim, row=row)
+            w.close()
+        if z_out is not None:
+            condition, row = _owned_end(z_out)
+            w.open(f"if ({condition})")
+            for path, names in zip(paths, accumulators):
+                _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, row)
             w.close()
         w.close()
     if "y" in outs:
@@ -764,13 +805,14 @@ def _y_sum_values(joint, reached) -> tuple[int, list[str]]:
     return lo, [by_offset.get(c, "T(0)") for c in range(lo, max(by_offset) + 1)]
 
 
-def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, z_names=None, y_values=None,
-                     weight_value: str | None = None) -> None:
-    """One path's contributions for the current edge and chunk. ``z_names`` hold the path's z
-    chunk across edges: registers a forward adds to (else it writes the chunk at once), or the
-    staged z̄ elements a backward reads (else it loads the chunk). ``y_values(c)`` gives y's
-    component ``c`` and ``weight_value`` the lane's weight where they are already at hand (else
-    they are loaded from the edge's rows)."""
+def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, z_acc=None, z_values=None,
+                     y_values=None, weights=None) -> None:
+    """One path's terms for the current edge and chunk. ``z_acc`` are the registers that hold the
+    path's z chunk across edges, which a z output adds to (without, it writes the chunk at once);
+    ``z_values`` the staged z̄ elements that backward terms read (without, they load the chunk).
+    ``y_values(array, c)`` gives component ``c`` of y input ``array``, and ``weights[ins, array]``
+    the lane's weight in w input ``array``, where they are already at hand (else they are loaded
+    from the edge's rows)."""
     joint = schedule.joint
     problem = schedule.call.problem
     outs = dict(joint.outputs)
@@ -780,44 +822,79 @@ def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, z_nam
       f"{'weighted' if path.w_offset is not None else 'unweighted'}, {len(path.nonzeros)} CG nonzeros")
     w.open("")
     used = [sorted({nz[n] for nz in path.nonzeros}) for n in range(3)]
-    if "y" in dict(joint.arrays):  # ȳ alone does not read y
+    for a in joint.reads("y"):  # ȳ alone does not read y
+        s = joint.suffix("y", a)
         for j in used[1]:
-            value = y_values(path.y_offset + j) if y_values else f"ok ? p_y[{path.y_offset + j}] : T(0)"
-            w(f"const T y_{j} = {value};")
-    weight = ""
-    if path.w_offset is not None and "w" in dict(joint.arrays):
-        w(f"const T wt = {weight_value or f'live ? p_w[{path.w_offset} + lc] : T(0)'};")
-        weight = " * wt"
-    dtype = schedule.dtype
+            value = y_values(a, path.y_offset + j) if y_values else f"ok ? p_y{s}[{path.y_offset + j}] : T(0)"
+            w(f"const T y{s}_{j} = {value};")
+    for a in joint.reads("w") if path.w_offset is not None else ():
+        s = joint.suffix("w", a)
+        value = (weights or {}).get((path.ins_index, a)) or f"live ? p_w{s}[{path.w_offset} + lc] : T(0)"
+        w(f"const T wt{s} = {value};")
+    staged = False
+    if joint.reads("z"):  # z̄, read by the backward terms
+        if z_values is None:
+            staged = _emit_joint_chunk(w, schedule, "z", path.z_offset, path.z_dim, used[2])
+        else:
+            w(" ".join(f"const T z_{k} = {z_values[k]};" for k in used[2]))
     if "z" in outs:
-        names = z_names or [f"gz_{k}" for k in range(path.z_dim)]
-        if z_names is None:
-            w(f"T {', '.join(f'{a} = T(0)' for a in names)};")
-        for k, terms in cg_sums(path.nonzeros, 2, ("x_{}", "y_{}", ""), dtype).items():
-            w(f"{names[k]} += ({terms}){weight};")
-        if z_names is None:
+        accumulators = z_acc or [f"gz_{k}" for k in range(path.z_dim)]
+        if z_acc is None:
+            w(f"T {', '.join(f'{a} = T(0)' for a in accumulators)};")
+        for k, value in _path_sums(schedule, path, "z").items():
+            w(f"{accumulators[k]} += {value};")
+        if z_acc is None:
             _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim)
-        w.close()
-        return
-    if z_names is None:
-        staged = _emit_joint_chunk(w, schedule, "z", path.z_offset, path.z_dim, used[2])
-    else:
-        staged = False
-        w(" ".join(f"const T z_{k} = {z_names[k]};" for k in used[2]))
     if "x" in outs:
-        for i, terms in cg_sums(path.nonzeros, 0, ("", "y_{}", "z_{}"), dtype).items():
-            w(f"gx_{i} += ({terms}){weight};")
+        for i, value in _path_sums(schedule, path, "x").items():
+            w(f"gx_{i} += {value};")
     if "y" in outs:
         n = joint.y_blocks.index((path.y_offset, path.y_dim))
-        for j, terms in cg_sums(path.nonzeros, 1, ("x_{}", "", "z_{}"), dtype).items():
-            w(f"gy{n}_{j} += ({terms}){weight};")
+        for j, value in _path_sums(schedule, path, "y").items():
+            w(f"gy{n}_{j} += {value};")
     if "w" in outs and path.w_offset is not None:
         out = schedule.outputs[outs["w"]]
-        terms = " + ".join(f"{literal(v, dtype)} * x_{i} * y_{j} * z_{k}" for i, j, k, v in path.nonzeros)
-        w(f"if (active) out{outs['w']}[e * {out.dim}LL + {path.w_offset} + lc] = {terms};")
+        w(f"if (active) out{outs['w']}[e * {out.dim}LL + {path.w_offset} + lc] = {_weight_gradient(schedule, path)};")
     if staged:
         w("__syncwarp();")
     w.close()
+
+
+def _term_names(joint, term) -> dict[str, str]:
+    """The register name of each factor of ``term`` (``x5`` for x input 5 among several)."""
+    return {role: f"{role}{joint.suffix(role, a)}" for role, a in term.factors}
+
+
+def _path_terms(joint, path: JointPath, role: str):
+    """The terms of output ``role`` that ``path`` contributes to (a weighted-only term skips an
+    unweighted path)."""
+    return [t for t in joint.terms if t.role == role and (path.w_offset is not None or not t.weighted_only)]
+
+
+def _path_sums(schedule: KernelSchedule, path: JointPath, role: str) -> dict[int, str]:
+    """``{component: value}`` that ``path`` adds to output ``role`` (x, y or z) for this edge: per
+    term, the sum of ``pw C`` times the term's factors over the CG nonzeros, times its weight."""
+    joint = schedule.joint
+    key = "xyz".index(role)
+    sums: dict[int, list[str]] = {}
+    for term in _path_terms(joint, path, role):
+        names = _term_names(joint, term)
+        formats = tuple("" if r == role else names[r] + "_{}" for r in "xyz")
+        weight = f" * wt{names['w'][1:]}" if path.w_offset is not None else ""
+        for c, products in cg_sums(path.nonzeros, key, formats, schedule.dtype).items():
+            sums.setdefault(c, []).append(f"({products}){weight}")
+    return {c: " + ".join(values) for c, values in sorted(sums.items())}
+
+
+def _weight_gradient(schedule: KernelSchedule, path: JointPath) -> str:
+    """The lane's w̄ of ``path`` for this edge: per term, ``pw C * x * y * z`` over the CG nonzeros."""
+    joint = schedule.joint
+    parts = []
+    for term in _path_terms(joint, path, "w"):
+        x, y, z = (_term_names(joint, term)[r] for r in "xyz")
+        parts.append(" + ".join(f"{literal(v, schedule.dtype)} * {x}_{i} * {y}_{j} * {z}_{k}"
+                                for i, j, k, v in path.nonzeros))
+    return " + ".join(parts)
 
 
 def _emit_joint_chunk(w: Writer, schedule: KernelSchedule, role: str, offset: int, dim: int, comps) -> bool:

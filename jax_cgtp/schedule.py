@@ -158,6 +158,16 @@ class JointPath:
 
 
 @dataclasses.dataclass(frozen=True)
+class JointTerm:
+    """One term of a joint pass's output ``role``: ``factors`` are the ``(role, call input)`` of its
+    three operands; a ``weighted_only`` term skips the unweighted paths."""
+
+    role: str
+    factors: tuple[tuple[str, int], ...]
+    weighted_only: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class JointPass:
     """A launch of ``uvu`` paths over one-channel ``y`` blocks, done path by path in one pass.
 
@@ -174,17 +184,31 @@ class JointPass:
     keeps the x chunk and accumulates x̄ while the source stays the same, and sums each edge's
     ȳ over the chunks in shared memory. Edges sorted by ``dst`` make one z run per node and
     tile; a launch over sorted runs walks one node's edges (by ``dst`` for z, by ``src`` for
-    x̄), whose row only its warp writes, once.
+    x̄), whose row only its warp writes, once. A walk by destination also takes outputs that
+    are sums of terms over several inputs of a role (the force loss's second derivative: z from
+    ``T(ẋ, y, w) + T(x, ẏ, w) + T(x, y, ẇ)`` next to x̄ and w̄), each input's chunk loaded once
+    per edge and shared by the terms that read it.
 
-    ``outputs`` and ``arrays`` map roles to kernel outputs and call inputs; ``blocks`` are
-    ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)`` of the y blocks ȳ covers.
+    ``outputs`` map roles to kernel outputs, ``arrays`` are the ``(role, call input)`` pairs the
+    terms read; ``blocks`` are ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)``
+    of the y blocks ȳ covers.
     """
 
     outputs: tuple[tuple[str, int], ...]
     arrays: tuple[tuple[str, int], ...]
     blocks: tuple[tuple[int, int, int, tuple[JointPath, ...]], ...]
     y_blocks: tuple[tuple[int, int], ...]
+    terms: tuple[JointTerm, ...]
     by_destination: bool = False
+
+    def reads(self, role: str) -> tuple[int, ...]:
+        """The call inputs of ``role`` that the pass reads."""
+        return tuple(a for r, a in self.arrays if r == role)
+
+    def suffix(self, role: str, array: int) -> str:
+        """What tells the registers of input ``array`` of ``role`` apart: nothing when the pass
+        reads one input of that role, else the input's index."""
+        return "" if len(self.reads(role)) == 1 else str(array)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,37 +401,48 @@ def _zero_ranges(problem: Problem, role: str, slots) -> tuple[tuple[int, int], .
     return tuple(ranges)
 
 
+def _joint_terms(call: Call, outputs) -> tuple[JointTerm, ...]:
+    return tuple(JointTerm(out.role, tuple(zip(call.term_roles(out.role), term.args)), term.weighted_only)
+                 for out in outputs for term in call.outputs[out.call_output].terms)
+
+
 def _joint_pass(call: Call, outputs) -> JointPass | None:
     """The joint plan of a launch, or None (its slots then run output by output).
 
-    It applies when every path is ``uvu`` with a one-channel y block (spherical harmonics),
-    every output has one term over the same inputs, and the launch is the forward (z BATCHED,
-    or INDEXED: a convolution; one path per z block) or a backward producing ȳ or at least two of
-    x̄, ȳ, w̄ (any of them when z̄ is gathered by ``dst``: the walk then stages it once per run).
-    ȳ alone is joint because its slots, one per y block, would each re-read their paths' x chunks.
-    A launch over sorted runs walks one node's edges at a time, so its scattered rows belong to
-    the warp (written once per run, not added atomically).
+    It applies when every path is ``uvu`` with a one-channel y block (spherical harmonics) and
+    the launch is the forward (z BATCHED, or INDEXED: a convolution; one path per z block) or a
+    backward producing ȳ or at least two of x̄, ȳ, w̄ (any of them when z̄ is gathered by ``dst``:
+    the walk then stages it once per run). ȳ alone is joint because its slots, one per y block,
+    would each re-read their paths' x chunks. A launch over sorted runs walks one node's edges
+    at a time, so its scattered rows belong to the warp (written once per run, not added
+    atomically).
+
+    Without a destination index, every output has one term over the same inputs. A walk by
+    destination also takes z next to backward outputs, and outputs that are sums of terms over
+    several inputs of x, y and w (one of z̄, which it stages per run).
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs):
         return None
     forward = set(roles) == {"z"}
     by_destination = call.kind("z") == INDEXED
-    if not forward and ("z" in roles or (set(roles) in ({"x"}, {"w"}) and not by_destination)):
+    if not by_destination and (("z" in roles and not forward) or set(roles) in ({"x"}, {"w"})):
         return None
     if any(o.kind not in WALK_KINDS[o.role] for o in outputs):
         return None
-    arrays = common_arguments(call, [out.call_output for out in outputs])
-    if arrays is None or any(call.outputs[out.call_output].terms[0].weighted_only and out.role != "w"
-                             for out in outputs):  # w̄ has weighted paths only
+    terms = _joint_terms(call, outputs)
+    if not by_destination:
+        common = common_arguments(call, [out.call_output for out in outputs])
+        if common is None or any(t.weighted_only and t.role != "w" for t in terms):
+            return None
+    arrays = tuple(sorted({factor for t in terms for factor in t.factors}))
+    if sum(role == "z" for role, _ in arrays) > 1:
         return None
     problem = call.problem
     active = [(n, ins) for n, ins in enumerate(problem.instructions) if ins.is_active]
     if not active or any(ins.mode != "uvu" or ins.mul_in2 != 1 for _, ins in active):
         return None
-    if any(ins.has_weight for _, ins in active) and "w" not in arrays and set(roles) != {"w"}:
-        return None  # w̄ alone does not read w
-    if forward and len({ins.i_out for _, ins in active}) != len(active):
+    if "z" in roles and len({ins.i_out for _, ins in active}) != len(active):
         return None
     blocks = []
     for i1, mul_ir in enumerate(problem.irreps_in1):
@@ -421,8 +456,7 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
         if paths:
             blocks.append((problem.irreps_in1[:i1].dim, mul_ir.mul, mul_ir.ir.dim, tuple(paths)))
     y_blocks = sorted({(p.y_offset, p.y_dim) for _, _, _, paths in blocks for p in paths})
-    return JointPass(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(blocks), tuple(y_blocks),
-                     by_destination)
+    return JointPass(tuple(sorted(roles.items())), arrays, tuple(blocks), tuple(y_blocks), terms, by_destination)
 
 
 def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool) -> tuple[dict[str, int], int, int]:
@@ -431,7 +465,7 @@ def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool) -> tuple[dict[st
     buffer of the outputs written by lanes (x̄ or z), and the ȳ rows of the tile that a
     by-destination backward sums chunk by chunk."""
     outputs = dict(joint.outputs)
-    backward = "z" not in outputs
+    backward = set(outputs) != {"z"}
     stage: dict[str, int] = {}
     transpose = 0
     for _, _, x_dim, paths in joint.blocks:
@@ -439,13 +473,12 @@ def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool) -> tuple[dict[st
             for role, dim in (("x", p.x_dim), ("z", p.z_dim)):
                 if dim > 1 and (role == "x" or backward):
                     stage[role] = max(stage.get(role, 0), WARP * stage_width(dim))
-            out_dim = x_dim if backward else p.z_dim
-            if out_dim > 1:
-                transpose = max(transpose, WARP * out_dim)
+            out_dims = ([x_dim] if backward else []) + ([p.z_dim] if "z" in outputs else [])
+            transpose = max([transpose] + [WARP * d for d in out_dims if d > 1])
         if backward and joint.by_destination:  # the z̄ chunks of all of the block's paths at once
             stage["z"] = max(stage.get("z", 0), sum(WARP * stage_width(p.z_dim) for p in paths))
-    if stage_y:
-        stage["y"] = WARP * y_dim
+    if stage_y:  # one set of rows per y input
+        stage["y"] = WARP * y_dim * len(joint.reads("y"))
     edge_sums = WARP * y_dim if joint.by_destination and "y" in outputs else 0
     return stage, transpose, edge_sums
 
@@ -595,7 +628,7 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
         )
         edge_sums = 0
         if joint is not None:
-            stage_y = joint.by_destination and "y" in dict(joint.arrays) and call.kind("y") == BATCHED
+            stage_y = joint.by_destination and bool(joint.reads("y")) and call.kind("y") == BATCHED
             stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y)
         if stream is not None:
             stage, transpose = stream_buffers(stream, call.problem), 0

@@ -30,17 +30,19 @@ def pair(spec, cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
                  for backend in (kernels, "reference"))
 
 
-def _same_problem_pair(tp, cls, kernels, options):
-    instructions = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions]
+def _same_problem_pair(tp, cls, kernels, options, unweighted=()):
+    instructions = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight and n not in unweighted)
+                    for n, i in enumerate(tp.instructions)]
     return tuple(cls(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, instructions, backend=backend, **options)
                  for backend in (kernels, "reference"))
 
 
-def spherical_harmonics_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
+def spherical_harmonics_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", unweighted=(), **options):
     """A MACE-like product (33 channels: two chunks) whose forward and fused backward are joint
-    passes, on the kernels' backend and on the reference."""
+    passes, on the kernels' backend and on the reference; the paths ``unweighted`` (instruction
+    indices) have no weights."""
     tp = jax_cgtp.channelwise_tensor_product("5x0e+3x1o+33x2e", "0e+1o+2e", filter_ir_out="0e+1o+2e")
-    return _same_problem_pair(tp, cls, kernels, options)
+    return _same_problem_pair(tp, cls, kernels, options, unweighted)
 
 
 def fully_connected_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
@@ -105,6 +107,20 @@ def conv_members(conv, num_nodes, x, y, w, src, dst):
         return jnp.sum(forces ** 2)
 
     return out, vjp(g), jax.grad(force_loss, argnums=(0, 1))(w, x)
+
+
+def conv_second_derivatives(conv, num_nodes, x, y, w, src, dst):
+    """The gradients w.r.t. ``x, y, w`` of the squared gradients of a quadratic energy: the force
+    loss of a model whose node features, edge features and weights all depend on the positions.
+    Its second-derivative call produces x̄, ȳ, w̄ and z, each a sum of terms over both versions
+    (value and tangent) of x, y and w."""
+    def energy(x, y, w):
+        return 0.5 * jnp.sum(conv(x, y, w, src, dst, num_nodes) ** 2)
+
+    def loss(x, y, w):
+        return sum(jnp.sum(g ** 2) for g in jax.grad(energy, argnums=(0, 1, 2))(x, y, w))
+
+    return jax.grad(loss, argnums=(0, 1, 2))(x, y, w)
 
 
 def backward_call(problem, kinds, rows=(None,) * 4, deterministic=False, weighted_only=False):

@@ -11,8 +11,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-from family_members import (assert_close, conv_members, fully_connected_pair, members, pair, random_graph,
-                            spherical_harmonics_pair, squared_norm_and_gradients)
+from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, members, pair,
+                            random_graph, spherical_harmonics_pair, squared_norm_and_gradients)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -135,6 +135,26 @@ def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, determin
     assert {"z": 0} in joint and {"x": 0, "y": 1, "w": 2} in joint
     assert {"y": 0} in joint  # the force loss's ȳ of the gradient: z̄ gathered, one output
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+
+
+@pytest.mark.parametrize("sorted_by_dst, deterministic", [(False, False), (True, False), (False, True)])
+def test_second_derivatives_of_the_convolution_are_joint_passes(sorted_by_dst, deterministic):
+    """The force loss's second derivative when x, y and w all depend on the positions: x̄, ȳ, w̄
+    and z, sums of terms over two inputs of each of x, y and w, in one walk by destination
+    (atomic), or a walk by source and a forward by destination (deterministic). Two paths have
+    no weights, so that the terms of the weights' tangent skip them."""
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", unweighted=(1, 6),
+                                                  deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(49), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
+                        sorted_by_dst=sorted_by_dst)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_second_derivatives, kernels, 9))(*args)
+    launched = kernel_emulator.launched()[before:]
+    assert all(k.joint is not None for k in launched)
+    terms = ["".join(sorted(t.role for t in k.joint.terms)) for k in launched]
+    assert ("wwxxyyzzz" in terms) != deterministic
+    assert ("wwxxyy" in terms and "zzz" in terms) == deterministic
+    assert_close(actual, jax.jit(functools.partial(conv_second_derivatives, reference, 9))(*args), jnp.float64)
 
 
 def _streamed(before):

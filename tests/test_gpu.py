@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-from family_members import (assert_close, conv_members, fully_connected_pair, members, pair, random_graph,
-                            relative_error, spherical_harmonics_pair, squared_norm_and_gradients)
+from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, members, pair,
+                            random_graph, relative_error, spherical_harmonics_pair, squared_norm_and_gradients)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -206,6 +206,20 @@ def test_single_operand_gradients_of_the_convolution_match_reference(determinist
 
     expected = jax.jit(functools.partial(gradients, reference))(x, y, w)
     assert_close(jax.jit(functools.partial(gradients, cuda))(x, y, w), expected, jnp.float64)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("sorted_by_dst", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_second_derivatives_of_the_convolution_match_reference(dtype, sorted_by_dst, deterministic):
+    """The force loss's second derivative when x, y and w all depend on the positions: outputs that
+    are sums of terms over two inputs of each role, in joint walks; two paths without weights."""
+    cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, unweighted=(1, 6),
+                                               deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(49), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
+    expected = jax.jit(functools.partial(conv_second_derivatives, reference, 300))(
+        *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
+    assert_close(jax.jit(functools.partial(conv_second_derivatives, cuda, 300))(*args), expected, dtype)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

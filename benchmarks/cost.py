@@ -10,9 +10,11 @@ phase      reads                                                  writes
 fwd        x, y, w (E rows)                                       z (E)
 bwd        x, y, w, g (E)                                         x̄, ȳ, w̄ (E)
 dbwd       x, w, g (E)                                            w̄, x̄ (E)
+train      x, y, w (E)                                            x̄, ȳ, w̄ (E)
 conv_fwd   x (N), y, w (E), src, dst                              z (N)
 conv_bwd   x (N), y, w (E), g (N), src, dst                       x̄ (N), ȳ, w̄ (E)
 conv_dbwd  x (N), w (E), g (N), src, dst                          w̄ (E), x̄ (N)
+conv_train x (N), y, w (E), src, dst                              x̄ (N), ȳ, w̄ (E)
 =========  =====================================================  ======================
 
 ``dbwd`` is the gradient w.r.t. ``(w, x)`` of ``|d/dy sum(z * g)|^2``; ``d/dy`` of the
@@ -24,7 +26,9 @@ of multiplicity indices of ``x`` and ``y``: ``u*v`` for uvw/uvu/uvv, ``u`` for u
 ``2 * d3 * |W|`` for the weight contraction of a weighted path (``d3 * pairs`` additions for an
 unweighted one). ``nnz`` comes from :func:`jax_cgtp.problem.cg_nonzeros`. Each of ``x̄, ȳ, w̄``
 is one such contraction, so ``bwd`` costs 3 products; ``dbwd`` computes ``ȳ`` and then its two
-cotangents: 3 products. The convolutions cost the same per edge (gather and scatter are data
+cotangents: 3 products. ``train`` runs the forward (1), the backward (3), the backward's
+derivative (9 terms: x̄, ȳ and w̄ two each, z three) and the backward of z's cotangent (3): 16
+products. The convolutions cost the same per edge (gather and scatter are data
 movement).
 """
 
@@ -36,19 +40,21 @@ from jax_cgtp.problem import cg_nonzeros
 
 INDEX_BYTES = 4
 
-PRODUCTS_PER_PHASE = {"fwd": 1, "bwd": 3, "dbwd": 3}
+PRODUCTS_PER_PHASE = {"fwd": 1, "bwd": 3, "dbwd": 3, "train": 16}
 
 # (operand, "E" or "N" rows) read and written by each phase; "i" is one index array.
 _TRAFFIC = {
     "fwd": (("x", "E"), ("y", "E"), ("w", "E"), ("z", "E")),
     "bwd": (("x", "E"), ("y", "E"), ("w", "E"), ("z", "E"), ("x", "E"), ("y", "E"), ("w", "E")),
     "dbwd": (("x", "E"), ("w", "E"), ("z", "E"), ("w", "E"), ("x", "E")),
+    "train": (("x", "E"), ("y", "E"), ("w", "E"), ("x", "E"), ("y", "E"), ("w", "E")),
     "conv_fwd": (("x", "N"), ("y", "E"), ("w", "E"), ("i", "E"), ("i", "E"), ("z", "N")),
     "conv_bwd": (
         ("x", "N"), ("y", "E"), ("w", "E"), ("z", "N"), ("i", "E"), ("i", "E"),
         ("x", "N"), ("y", "E"), ("w", "E"),
     ),
     "conv_dbwd": (("x", "N"), ("w", "E"), ("z", "N"), ("i", "E"), ("i", "E"), ("w", "E"), ("x", "N")),
+    "conv_train": (("x", "N"), ("y", "E"), ("w", "E"), ("i", "E"), ("i", "E"), ("x", "N"), ("y", "E"), ("w", "E")),
 }
 
 

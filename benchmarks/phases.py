@@ -1,4 +1,4 @@
-"""The six timed phases, built the same way on top of any library's product.
+"""The timed phases, built the same way on top of any library's product.
 
 With ``T`` a library's product ``z = T(x, y, w)`` (or its convolution
 ``out[n] = sum_{e: dst[e] == n} T(x[src[e]], y[e], w[e])``) and ``g`` a random cotangent of ``z``:
@@ -7,7 +7,11 @@ With ``T`` a library's product ``z = T(x, y, w)`` (or its convolution
 - ``bwd``: the gradients of ``sum(z * g)`` w.r.t. ``(x, y, w)`` (one VJP);
 - ``dbwd``: the gradient w.r.t. ``(w, x)`` of ``|d/dy sum(z * g)|^2``, the pattern of training
   on forces;
-- ``conv_fwd``, ``conv_bwd``, ``conv_dbwd``: the same for the convolution.
+- ``train`` (not run by default): the gradients w.r.t. ``(x, y, w)`` of the squared gradients of
+  the energy ``|z|^2 / 2``, the pattern of training on forces when ``x``, ``y`` and ``w`` all
+  depend on the positions (a second layer's node features, the spherical harmonics, the radial
+  network's weights);
+- ``conv_fwd``, ``conv_bwd``, ``conv_dbwd``, ``conv_train``: the same for the convolution.
 
 Every library gets exactly these functions; only ``T`` differs, so the timings compare the
 libraries' products and their derivative rules, not different loss code.
@@ -23,8 +27,9 @@ import jax.numpy as jnp
 from .cost import base_phase
 
 # Which operand each result of a phase is the size and layout of (``z`` for ``g``-shaped results).
-OUTPUT_KINDS = {"fwd": ("z",), "bwd": ("x", "y", "w"), "dbwd": ("w", "x")}
-INPUT_NAMES = {"fwd": ("x", "y", "w"), "bwd": ("x", "y", "w", "g"), "dbwd": ("x", "y", "w", "g")}
+OUTPUT_KINDS = {"fwd": ("z",), "bwd": ("x", "y", "w"), "dbwd": ("w", "x"), "train": ("x", "y", "w")}
+INPUT_NAMES = {"fwd": ("x", "y", "w"), "bwd": ("x", "y", "w", "g"), "dbwd": ("x", "y", "w", "g"),
+               "train": ("x", "y", "w")}
 
 
 def is_conv(phase: str) -> bool:
@@ -64,7 +69,20 @@ def _dbwd(product):
     return dbwd
 
 
-_BUILDERS = {"fwd": _fwd, "bwd": _bwd, "dbwd": _dbwd}
+def _train(product):
+    def energy(x, y, w):
+        return 0.5 * jnp.sum(product(x, y, w) ** 2)
+
+    def force_loss(x, y, w):
+        return sum(jnp.sum(g * g) for g in jax.grad(energy, argnums=(0, 1, 2))(x, y, w))
+
+    def train(x, y, w):
+        return jax.grad(force_loss, argnums=(0, 1, 2))(x, y, w)
+
+    return train
+
+
+_BUILDERS = {"fwd": _fwd, "bwd": _bwd, "dbwd": _dbwd, "train": _train}
 
 
 def phase_function(phase: str, apply: Callable) -> Callable:

@@ -38,7 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--suite", default=None, choices=sorted(configs.SUITES),
                         help="config suite (default: public, or smoke with --smoke)")
     parser.add_argument("--configs", type=_list, default=None, help="comma-separated config names (overrides --suite)")
-    parser.add_argument("--phases", type=_list, default=list(configs.PHASES))
+    parser.add_argument("--phases", type=_list, default=list(configs.PHASES),
+                        help=f"default {','.join(configs.PHASES)}; also {','.join(configs.OPTIONAL_PHASES)}")
     parser.add_argument("--dtype", type=_list, default=list(configs.DTYPES))
     parser.add_argument("--libs", type=_list, default=list(LIBRARIES),
                         help=f"default {','.join(LIBRARIES)}; also {','.join(OPTIONAL_LIBRARIES)}")
@@ -55,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, reference backend, 3 runs")
     args = parser.parse_args(argv)
-    for name, values, allowed in (("--phases", args.phases, configs.PHASES), ("--dtype", args.dtype, configs.DTYPES),
+    for name, values, allowed in (("--phases", args.phases, configs.PHASES + configs.OPTIONAL_PHASES), ("--dtype", args.dtype, configs.DTYPES),
                                   ("--libs", args.libs, LIBRARIES + OPTIONAL_LIBRARIES)):
         unknown = [v for v in values if v not in allowed]
         if unknown:

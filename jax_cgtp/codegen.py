@@ -446,7 +446,8 @@ def _emit_joint(w: Writer, schedule: KernelSchedule) -> None:
         (_emit_joint_scatter if set(outs) == {"z"} else _emit_joint_gather)(w, schedule)
         return
     w()
-    kind = "forward" if "z" in outs else "backward"
+    forward = set(outs) == {"z"}
+    kind = "forward" if forward else "backward"
     w(f"// ---- joint {kind}: " + ", ".join(f"out{k} ({r})" for r, k in joint.outputs)
       + "; each path's operand chunks are loaded once")
     w("#pragma unroll 1")
@@ -458,14 +459,15 @@ def _emit_joint(w: Writer, schedule: KernelSchedule) -> None:
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
-        if "z" in outs:  # measured: the forward gains, the backward loses
+        if forward:  # measured: the forward gains, the backward loses
             w("const int lane = cgtp_lane();  // read here, so that the chunk's addresses are not held across edges")
         w("const bool live = ok && active;")
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
-        if outs.keys() & {"y", "w", "z"}:  # the x chunk, shared by the block's paths
-            if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim)):
-                w("__syncwarp();")
+        if outs.keys() & {"y", "w", "z"}:  # the x chunks, shared by the block's paths
+            for a in joint.reads("x"):
+                if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim), joint.suffix("x", a)):
+                    w("__syncwarp();")
         for path in paths:
             _emit_joint_path(w, schedule, path)
         if "x" in outs:
@@ -897,18 +899,21 @@ def _weight_gradient(schedule: KernelSchedule, path: JointPath) -> str:
     return " + ".join(parts)
 
 
-def _emit_joint_chunk(w: Writer, schedule: KernelSchedule, role: str, offset: int, dim: int, comps) -> bool:
-    """Registers ``{role}_q`` (q in ``comps``) of this lane's channel in the block at ``offset``,
-    read through the warp's staging buffer when rows are wider than one; True if staged."""
+def _emit_joint_chunk(w: Writer, schedule: KernelSchedule, role: str, offset: int, dim: int, comps,
+                      suffix: str = "") -> bool:
+    """Registers ``{role}{suffix}_q`` (q in ``comps``) of this lane's channel in the block at
+    ``offset`` of the input read through ``p_{role}{suffix}``, through the warp's staging buffer
+    when rows are wider than one; True if staged (the caller syncs before the buffer's next use)."""
     staged = dim > 1 and role in dict(schedule.stage_sizes)
     width = stage_width(dim)
+    pointer = f"p_{role}{suffix}"
     if staged:
-        w(f"if (ok) cgtp_stage<{dim}, {width}>(stage_{role}, p_{role} + {offset} + c * {WARP * dim}LL, "
+        w(f"if (ok) cgtp_stage<{dim}, {width}>(stage_{role}, {pointer} + {offset} + c * {WARP * dim}LL, "
           f"nrows * {dim}, lane);")
         w("__syncwarp();")
     for q in comps:
-        element = f"stage_{role}[lane * {width} + {q}]" if staged else f"p_{role}[{offset} + lc * {dim} + {q}]"
-        w(f"const T {role}_{q} = live ? {element} : T(0);")
+        element = f"stage_{role}[lane * {width} + {q}]" if staged else f"{pointer}[{offset} + lc * {dim} + {q}]"
+        w(f"const T {role}{suffix}_{q} = live ? {element} : T(0);")
     return staged
 
 

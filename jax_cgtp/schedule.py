@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .call import Call, Term, common_arguments
+from .call import Call, Term
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
 from .problem import Instruction, Problem, cg_nonzeros
 from .stream import TILE_STREAM, WALK_KINDS, WARP, WeightStream, stage_width, stream_buffers, weight_stream
@@ -417,24 +417,18 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
     at a time, so its scattered rows belong to the warp (written once per run, not added
     atomically).
 
-    Without a destination index, every output has one term over the same inputs. A walk by
-    destination also takes z next to backward outputs, and outputs that are sums of terms over
-    several inputs of x, y and w (one of z̄, which it stages per run).
+    z may be an output next to backward ones, and an output may be a sum of terms over several
+    inputs of x, y and w (the force loss's second derivative); z̄ comes from one input.
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs):
         return None
-    forward = set(roles) == {"z"}
     by_destination = call.kind("z") == INDEXED
-    if not by_destination and (("z" in roles and not forward) or set(roles) in ({"x"}, {"w"})):
+    if not by_destination and set(roles) in ({"x"}, {"w"}):
         return None
     if any(o.kind not in WALK_KINDS[o.role] for o in outputs):
         return None
     terms = _joint_terms(call, outputs)
-    if not by_destination:
-        common = common_arguments(call, [out.call_output for out in outputs])
-        if common is None or any(t.weighted_only and t.role != "w" for t in terms):
-            return None
     arrays = tuple(sorted({factor for t in terms for factor in t.factors}))
     if sum(role == "z" for role, _ in arrays) > 1:
         return None

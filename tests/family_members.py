@@ -109,18 +109,23 @@ def conv_members(conv, num_nodes, x, y, w, src, dst):
     return out, vjp(g), jax.grad(force_loss, argnums=(0, 1))(w, x)
 
 
-def conv_second_derivatives(conv, num_nodes, x, y, w, src, dst):
-    """The gradients w.r.t. ``x, y, w`` of the squared gradients of a quadratic energy: the force
-    loss of a model whose node features, edge features and weights all depend on the positions.
-    Its second-derivative call produces x̄, ȳ, w̄ and z, each a sum of terms over both versions
-    (value and tangent) of x, y and w."""
+def second_derivatives(product, x, y, w):
+    """The gradients w.r.t. ``x, y, w`` of the squared gradients of the quadratic energy
+    ``|product(x, y, w)|^2 / 2``: the force loss of a model whose ``x``, ``y`` and ``w`` all depend
+    on the positions. Its second-derivative call produces x̄, ȳ, w̄ and z, each a sum of terms
+    over both versions (value and tangent) of x, y and w."""
     def energy(x, y, w):
-        return 0.5 * jnp.sum(conv(x, y, w, src, dst, num_nodes) ** 2)
+        return 0.5 * jnp.sum(product(x, y, w) ** 2)
 
     def loss(x, y, w):
         return sum(jnp.sum(g ** 2) for g in jax.grad(energy, argnums=(0, 1, 2))(x, y, w))
 
     return jax.grad(loss, argnums=(0, 1, 2))(x, y, w)
+
+
+def conv_second_derivatives(conv, num_nodes, x, y, w, src, dst):
+    """:func:`second_derivatives` of the convolution on the graph ``src, dst``."""
+    return second_derivatives(lambda *a: conv(*a, src, dst, num_nodes), x, y, w)
 
 
 def backward_call(problem, kinds, rows=(None,) * 4, deterministic=False, weighted_only=False):

@@ -13,14 +13,15 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # the repository root: benchmarks/
 
-from benchmarks import cost, phases, report, run  # noqa: E402
+from benchmarks import configs, cost, phases, report, run  # noqa: E402
 from benchmarks.peers import LIBRARIES  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    result = run.main(["--smoke", "--configs", "tiny-uvu", "--dtype", "float64", "--out", str(out), "--tag", "smoke"])
+    result = run.main(["--smoke", "--configs", "tiny-uvu", "--dtype", "float64", "--out", str(out), "--tag", "smoke",
+                       "--phases", ",".join(configs.PHASES + configs.OPTIONAL_PHASES)])
     return result, out
 
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, members, pair,
-                            random_graph, spherical_harmonics_pair, squared_norm_and_gradients)
+                            random_graph, second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -101,6 +101,24 @@ def test_joint_forward_and_backward_match_reference():
     assert {"z": 0} in joint and {"x": 0, "y": 1, "w": 2} in joint
     assert {"y": 0} in joint  # ȳ alone (the force loss's gradient w.r.t. y)
     assert_close(actual, jax.jit(functools.partial(members, reference))(x, y, w, g), jnp.float64)
+
+
+def test_second_derivatives_of_the_product_are_joint_passes():
+    """The force loss's second derivative when x, y and w all depend on the positions (an
+    Allegro-style edge product): x̄, ȳ, w̄ and z from both versions of x, y and w in one joint
+    pass; the JVP (z, three terms) is one too. Two paths have no weights."""
+    kernels, reference = spherical_harmonics_pair(kernels="auto", unweighted=(1, 6))
+    keys = jax.random.split(jax.random.PRNGKey(50), 4)
+    x, y, w, g = (jax.random.normal(k, (5, d), jnp.float64) for k, d in zip(
+        keys, (kernels.irreps_in1.dim, kernels.irreps_in2.dim, kernels.weight_numel, kernels.irreps_out.dim)))
+    before = _launches()
+    actual = jax.jit(functools.partial(second_derivatives, kernels))(x, y, w)
+    jvp = jax.jit(lambda *a: jax.jvp(kernels, a, (0.5 * x, 2.0 * y, -w))[1])(x, y, w)
+    terms = ["".join(sorted(t.role for t in k.joint.terms)) for k in kernel_emulator.launched()[before:]
+             if k.joint is not None]
+    assert "wwxxyyzzz" in terms and "zzz" in terms
+    assert_close(actual, jax.jit(functools.partial(second_derivatives, reference))(x, y, w), jnp.float64)
+    assert_close(jvp, jax.jvp(reference, (x, y, w), (0.5 * x, 2.0 * y, -w))[1], jnp.float64)
 
 
 def test_single_operand_gradients_of_the_convolution_are_joint_passes():

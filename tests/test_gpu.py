@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, members, pair,
-                            random_graph, relative_error, spherical_harmonics_pair, squared_norm_and_gradients)
+                            random_graph, relative_error, second_derivatives, spherical_harmonics_pair,
+                            squared_norm_and_gradients)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -150,6 +151,19 @@ def test_joint_passes_and_weight_streams_match_reference(pairing, dtype):
         keys, (cuda.irreps_in1.dim, cuda.irreps_in2.dim, cuda.weight_numel, cuda.irreps_out.dim)))
     expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))
     assert_close(jax.jit(functools.partial(members, cuda))(x, y, w, g), expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_second_derivatives_of_the_product_match_reference(dtype):
+    """The force loss's second derivative when x, y and w all depend on the positions: one joint
+    pass producing x̄, ȳ, w̄ and z from both versions of x, y and w; two paths without weights;
+    1001 edges."""
+    cuda, reference = spherical_harmonics_pair(unweighted=(1, 6))
+    keys = jax.random.split(jax.random.PRNGKey(50), 3)
+    x, y, w = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
+        keys, (cuda.irreps_in1.dim, cuda.irreps_in2.dim, cuda.weight_numel)))
+    expected = jax.jit(functools.partial(second_derivatives, reference))(*(a.astype(jnp.float64) for a in (x, y, w)))
+    assert_close(jax.jit(functools.partial(second_derivatives, cuda))(x, y, w), expected, dtype)
 
 
 # ---- graph convolution

@@ -481,22 +481,38 @@ def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
     """Split the call's outputs into launches: ``[(output indices, segment role or None)]``.
 
     A launch with a segment role walks that role's sorted runs, one node per warp, and writes
-    the role's rows once each: a deterministic call has one per INDEXED output role.
+    the role's rows once each: a deterministic call has one per INDEXED output role. Without a
+    destination index, z goes to a launch of its own (:func:`_apart_from_z`).
     """
     if not call.deterministic:
-        return [(list(range(len(call.outputs))), None)]
-    groups: dict[str | None, list[int]] = {}
-    for k, output in enumerate(call.outputs):
-        key = output.role if call.kind(output.role) == INDEXED else None
-        groups.setdefault(key, []).append(k)
-    free = groups.pop(None, [])
-    result = [(ks, role) for role, ks in groups.items()]
-    if free:
-        if result:
-            result[0] = (result[0][0] + free, result[0][1])
-        else:
-            result.append((free, None))
-    return result
+        result = [(list(range(len(call.outputs))), None)]
+    else:
+        groups: dict[str | None, list[int]] = {}
+        for k, output in enumerate(call.outputs):
+            key = output.role if call.kind(output.role) == INDEXED else None
+            groups.setdefault(key, []).append(k)
+        free = groups.pop(None, [])
+        result = [(ks, role) for role, ks in groups.items()]
+        if free:
+            if result:
+                result[0] = (result[0][0] + free, result[0][1])
+            else:
+                result.append((free, None))
+    return [part for ks, role in result for part in _apart_from_z(call, ks, role)]
+
+
+def _apart_from_z(call: Call, outputs: list[int], segment_role: str | None):
+    """The launches of ``outputs``: z apart from the others unless it is scattered by ``dst``.
+
+    The forward's accumulators and the backward's do not fit in the registers together (the
+    force-loss second derivative of sevennet-l3-c32's product: 255 registers and spills in one
+    launch, 96 and 147 in two). A walk by destination keeps them together, since it keys both
+    the z accumulators and the staged z̄ on ``dst``.
+    """
+    z = [k for k in outputs if call.outputs[k].role == "z"]
+    if call.kind("z") == INDEXED or not z or len(z) == len(outputs):
+        return [(outputs, segment_role)]
+    return [([k for k in outputs if k not in z], segment_role), (z, segment_role)]
 
 
 def shared_tile_for(edges: int) -> int:

@@ -155,9 +155,9 @@ def test_joint_passes_and_weight_streams_match_reference(pairing, dtype):
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_second_derivatives_of_the_product_match_reference(dtype):
-    """The force loss's second derivative when x, y and w all depend on the positions: one joint
-    pass producing x̄, ȳ, w̄ and z from both versions of x, y and w; two paths without weights;
-    1001 edges."""
+    """The force loss's second derivative when x, y and w all depend on the positions: joint
+    passes producing x̄, ȳ and w̄, and z, from both versions of x, y and w; two paths without
+    weights; 1001 edges."""
     cuda, reference = spherical_harmonics_pair(unweighted=(1, 6))
     keys = jax.random.split(jax.random.PRNGKey(50), 3)
     x, y, w = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(

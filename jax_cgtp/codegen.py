@@ -843,16 +843,16 @@ def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, z_acc
         accumulators = z_acc or [f"gz_{k}" for k in range(path.z_dim)]
         if z_acc is None:
             w(f"T {', '.join(f'{a} = T(0)' for a in accumulators)};")
-        for k, value in _path_sums(schedule, path, "z").items():
+        for k, value in _path_sums(w, schedule, path, "z").items():
             w(f"{accumulators[k]} += {value};")
         if z_acc is None:
             _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim)
     if "x" in outs:
-        for i, value in _path_sums(schedule, path, "x").items():
+        for i, value in _path_sums(w, schedule, path, "x").items():
             w(f"gx_{i} += {value};")
     if "y" in outs:
         n = joint.y_blocks.index((path.y_offset, path.y_dim))
-        for j, value in _path_sums(schedule, path, "y").items():
+        for j, value in _path_sums(w, schedule, path, "y").items():
             w(f"gy{n}_{j} += {value};")
     if "w" in outs and path.w_offset is not None:
         out = schedule.outputs[outs["w"]]
@@ -873,18 +873,35 @@ def _path_terms(joint, path: JointPath, role: str):
     return [t for t in joint.terms if t.role == role and (path.w_offset is not None or not t.weighted_only)]
 
 
-def _path_sums(schedule: KernelSchedule, path: JointPath, role: str) -> dict[int, str]:
-    """``{component: value}`` that ``path`` adds to output ``role`` (x, y or z) for this edge: per
-    term, the sum of ``pw C`` times the term's factors over the CG nonzeros, times its weight."""
+def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str) -> dict[int, str]:
+    """``{component: value}`` that ``path`` adds to output ``role`` (x, y or z) for this edge.
+
+    A term is its weight times the sum of ``pw C a b`` over the CG nonzeros, ``a`` and ``b`` its
+    two other operands. Terms that read the same input of ``a`` (the operand with fewer inputs:
+    z̄ for x̄ and ȳ) are added before the CG sum: ``sum_t weight_t b_t`` is declared once per
+    group (``m{role}{n}_c``), so a group costs one CG sum instead of one per term.
+    """
     joint = schedule.joint
-    key = "xyz".index(role)
+    terms = [_term_names(joint, t) for t in _path_terms(joint, path, role)]
+    shared, other = sorted((r for r in "xyz" if r != role), key=lambda r: len({t[r] for t in terms}))
+
+    def weight(names):
+        return f" * wt{names['w'][1:]}" if path.w_offset is not None else ""
+
+    groups: dict[str, list[dict[str, str]]] = {}
+    for names in terms:
+        groups.setdefault(names[shared], []).append(names)
+    used = sorted({nz["xyz".index(other)] for nz in path.nonzeros})
     sums: dict[int, list[str]] = {}
-    for term in _path_terms(joint, path, role):
-        names = _term_names(joint, term)
-        formats = tuple("" if r == role else names[r] + "_{}" for r in "xyz")
-        weight = f" * wt{names['w'][1:]}" if path.w_offset is not None else ""
-        for c, products in cg_sums(path.nonzeros, key, formats, schedule.dtype).items():
-            sums.setdefault(c, []).append(f"({products}){weight}")
+    for n, group in enumerate(groups.values()):
+        factors, scale = dict(group[0]), weight(group[0])
+        if len(group) > 1:
+            factors[other], scale = f"m{role}{n}", ""
+            for c in used:
+                w(f"const T m{role}{n}_{c} = {' + '.join(f'{names[other]}_{c}{weight(names)}' for names in group)};")
+        formats = tuple("" if r == role else factors[r] + "_{}" for r in "xyz")
+        for c, products in cg_sums(path.nonzeros, "xyz".index(role), formats, schedule.dtype).items():
+            sums.setdefault(c, []).append(f"({products}){scale}")
     return {c: " + ".join(values) for c, values in sorted(sums.items())}
 
 

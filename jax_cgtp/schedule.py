@@ -184,10 +184,12 @@ class JointPass:
     keeps the x chunk and accumulates x̄ while the source stays the same, and sums each edge's
     ȳ over the chunks in shared memory. Edges sorted by ``dst`` make one z run per node and
     tile; a launch over sorted runs walks one node's edges (by ``dst`` for z, by ``src`` for
-    x̄), whose row only its warp writes, once. A walk by destination also takes outputs that
-    are sums of terms over several inputs of a role (the force loss's second derivative: z from
-    ``T(ẋ, y, w) + T(x, ẏ, w) + T(x, y, ẇ)`` next to x̄ and w̄), each input's chunk loaded once
-    per edge and shared by the terms that read it.
+    x̄), whose row only its warp writes, once.
+
+    An output may be a sum of terms over several inputs of a role (the force loss's second
+    derivative: z from ``T(ẋ, y, w) + T(x, ẏ, w) + T(x, y, ẇ)``, next to x̄ and w̄ in a walk by
+    destination); each input's chunk is loaded once per edge and shared by the terms that read
+    it.
 
     ``outputs`` map roles to kernel outputs, ``arrays`` are the ``(role, call input)`` pairs the
     terms read; ``blocks`` are ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)``
@@ -402,6 +404,7 @@ def _zero_ranges(problem: Problem, role: str, slots) -> tuple[tuple[int, int], .
 
 
 def _joint_terms(call: Call, outputs) -> tuple[JointTerm, ...]:
+    """Every term of the launch's ``outputs`` (KernelOutputs), with the call inputs it reads."""
     return tuple(JointTerm(out.role, tuple(zip(call.term_roles(out.role), term.args)), term.weighted_only)
                  for out in outputs for term in call.outputs[out.call_output].terms)
 

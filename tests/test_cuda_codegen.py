@@ -36,6 +36,24 @@ def test_forward_lanes_split_output_channels_and_stage_x():
     assert staged == {"x"}  # 128 channels of l >= 1 blocks of x; y is broadcast, w coalesced
 
 
+def test_second_derivative_adds_the_terms_that_share_z_bar_before_the_cg_sum():
+    """The force loss's second derivative of a convolution: x̄'s two terms read the same z̄, so
+    ``ẏ w + y ẇ`` is formed once (``mx0``) and summed over the CG nonzeros once; z's three terms
+    group by their x input (two CG sums, ``mz1`` for ``x``); w̄ keeps one CG sum per term."""
+    tp = jax_cgtp.channelwise_tensor_product("32x0e+32x1o", "0e+1o", filter_ir_out="0e+1o")
+    problem, kinds, rows = tp.problem, (INDEXED, BATCHED, BATCHED, INDEXED), (7, None, None, 7)
+    outputs = (Output("x", (Term((5, 2, 3)), Term((1, 6, 3), True))),
+               Output("w", (Term((4, 1, 3), True), Term((0, 5, 3), True))),
+               Output("z", (Term((4, 1, 2)), Term((0, 5, 2)), Term((0, 1, 6), True))))
+    call = Call(problem, kinds, rows, ("x", "y", "w", "z", "x", "y", "w"), outputs)
+    (kernel,) = schedule.plan(call, "float", "int")
+    assert kernel.joint is not None and len(kernel.joint.terms) == 7
+    source = codegen.generate(kernel)
+    assert "const T mx0_0 = y5_0 * wt2 + y1_0 * wt6;" in source  # ẏ w + y ẇ (inputs 5, 2 and 1, 6)
+    assert "const T mz1_0 = y5_0 * wt2 + y1_0 * wt6;" in source  # the terms of x (input 0)
+    assert "mz0_" not in source  # the term of ẋ (input 4) stands alone
+
+
 def test_gradient_of_narrow_spherical_harmonics_is_a_warp_reduction():
     (kernel,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
     modes = {(slot.role, slot.mode) for slot in kernel.slots}

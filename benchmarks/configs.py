@@ -124,6 +124,7 @@ PHASES = ("fwd", "bwd", "dbwd", "conv_fwd", "conv_bwd", "conv_dbwd")
 # Selectable with --phases, not run by default: force training when x, y and w all depend on
 # the positions (benchmarks.phases).
 OPTIONAL_PHASES = ("train", "conv_train")
+ALL_PHASES = PHASES + OPTIONAL_PHASES
 DTYPES = ("float32", "float64")
 
 # Rows (edges) per dtype: the public suite's sizes and the CPU smoke sizes.

@@ -63,7 +63,7 @@ def describe(kernel: schedule.KernelSchedule) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", choices=sorted(configs.CONFIGS))
-    parser.add_argument("phase", choices=configs.PHASES + configs.OPTIONAL_PHASES)
+    parser.add_argument("phase", choices=configs.ALL_PHASES)
     parser.add_argument("dtype", choices=configs.DTYPES)
     parser.add_argument("--edges", type=int, default=None, help="default: the benchmark's size for the dtype")
     parser.add_argument("--warmup", type=int, default=1)

@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, reference backend, 3 runs")
     args = parser.parse_args(argv)
-    for name, values, allowed in (("--phases", args.phases, configs.PHASES + configs.OPTIONAL_PHASES), ("--dtype", args.dtype, configs.DTYPES),
+    for name, values, allowed in (("--phases", args.phases, configs.ALL_PHASES), ("--dtype", args.dtype, configs.DTYPES),
                                   ("--libs", args.libs, LIBRARIES + OPTIONAL_LIBRARIES)):
         unknown = [v for v in values if v not in allowed]
         if unknown:

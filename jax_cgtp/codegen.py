@@ -641,8 +641,7 @@ def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
         _emit_tile_y(w, schedule)
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
-        accumulators = [[f"gz{n}_{k}" for k in range(p.z_dim)] for n, p in enumerate(paths)]
-        w(f"T {', '.join(a + ' = T(0)' for names in accumulators for a in names)};")
+        accumulators = _declare_z_chunks(w, paths)
         if z_out.flush != "own":  # an owned run has one node: no row to track
             w("long long cur = -1;")
         _emit_ahead(w, schedule, x_offset, dim, paths)
@@ -654,8 +653,7 @@ def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
         w("if (!ok) continue;")
         if z_out.flush != "own":
             w.open("if (cur >= 0 && ix_z != cur)")
-            for path, names in zip(paths, accumulators):
-                _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, "cur")
+            _emit_z_flush(w, schedule, paths, accumulators, "cur")
             w.close()
             w("cur = ix_z;")
         w("const bool live = active;")
@@ -669,10 +667,23 @@ def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
         w.close()
         condition, row = _owned_end(z_out)
         w.open(f"if ({condition})")
-        for path, names in zip(paths, accumulators):
-            _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, row)
+        _emit_z_flush(w, schedule, paths, accumulators, row)
         w.close()
         w.close()
+
+
+def _declare_z_chunks(w: Writer, paths) -> list[list[str]]:
+    """Declare, zeroed, the registers that hold each path's z chunk across edges (``gz{n}_k`` for
+    the n-th path); returns their names, path by path."""
+    accumulators = [[f"gz{n}_{k}" for k in range(p.z_dim)] for n, p in enumerate(paths)]
+    w(f"T {', '.join(a + ' = T(0)' for names in accumulators for a in names)};")
+    return accumulators
+
+
+def _emit_z_flush(w: Writer, schedule: KernelSchedule, paths, accumulators, row: str) -> None:
+    """Add (or, for an owned run, write) every path's z chunk to row ``row``, and zero them."""
+    for path, names in zip(paths, accumulators):
+        _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, row)
 
 
 def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
@@ -706,9 +717,7 @@ def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
         w("long long cur = -1, cur_x = -1;")
         for s in xs:
             w(f"T {', '.join(f'xr{s}_{q} = T(0)' for q in range(dim))};")
-        accumulators = [[f"gz{n}_{k}" for k in range(p.z_dim)] for n, p in enumerate(paths)] if z_out else []
-        if accumulators:
-            w(f"T {', '.join(a + ' = T(0)' for names in accumulators for a in names)};")
+        accumulators = _declare_z_chunks(w, paths) if z_out else []
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
         # the next edge's x chunk is needed only when its source differs from the one held then
@@ -732,8 +741,7 @@ def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
         w.open("if (ix_z != cur)")
         if z_out is not None and z_out.flush != "own":  # an owned run has one destination node
             w.open("if (cur >= 0)")
-            for path, names in zip(paths, accumulators):
-                _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, "cur")
+            _emit_z_flush(w, schedule, paths, accumulators, "cur")
             w.close()
         w("cur = ix_z;")
         w("__syncwarp();")
@@ -779,8 +787,7 @@ def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
         if z_out is not None:
             condition, row = _owned_end(z_out)
             w.open(f"if ({condition})")
-            for path, names in zip(paths, accumulators):
-                _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, row)
+            _emit_z_flush(w, schedule, paths, accumulators, row)
             w.close()
         w.close()
     if "y" in outs:

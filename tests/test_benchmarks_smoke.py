@@ -21,7 +21,7 @@ from benchmarks.peers import LIBRARIES  # noqa: E402
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     result = run.main(["--smoke", "--configs", "tiny-uvu", "--dtype", "float64", "--out", str(out), "--tag", "smoke",
-                       "--phases", ",".join(configs.PHASES + configs.OPTIONAL_PHASES)])
+                       "--phases", ",".join(configs.ALL_PHASES)])
     return result, out
 
 

@@ -31,9 +31,9 @@
 #                                     and dtypes (bench-TAG-base.json/txt; BASE_COMMIT names it); then
 #                                     this tree is built and everything else runs as usual
 #   --ncu SPECS      [NCU_SPECS]      after the benchmark, profile each CONFIG:PHASE:DTYPE[:LIB] of the
-#                                     comma-separated list with Nsight Compute (one run of jax_cgtp's
-#                                     kernels after a warm-up; python -m benchmarks.profile; LIB
-#                                     jax_cgtp (default) or jax_cgtp_det): ncu.txt
+#                                     comma-separated list with Nsight Compute (every kernel of one run
+#                                     after a warm-up; python -m benchmarks.profile; LIB jax_cgtp
+#                                     (default), jax_cgtp_det, cueq, oeq or e3nn): ncu.txt
 # A copy of the tree without .git cannot name its commit, and the device's copy of .git can be
 # stale: pass JAX_CGTP_GIT_COMMIT=<sha[-dirty]> as a literal, taken from this machine's checkout.
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
@@ -194,11 +194,10 @@ if [ -n "$NCU_SPECS" ]; then
     IFS=: read -r cfg phase dtype lib <<<"$spec"
     lib=${lib:-jax_cgtp}
     step "Nsight Compute: $cfg $phase $dtype $lib (ncu.txt)"
-    launches=$(python3 -m benchmarks.profile "$cfg" "$phase" "$dtype" --lib "$lib" --launches 2>>"$OUT/ncu.txt")
-    echo "== $cfg $phase $dtype $lib: $launches launch(es) per run" >>"$OUT/ncu.txt"
-    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 "${NCU:-ncu}" --clock-control none --kernel-name cgtp_kernel \
-      --launch-skip "$launches" --launch-count "$launches" --section SpeedOfLight --section MemoryWorkloadAnalysis \
-      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    echo "== $cfg $phase $dtype $lib" >>"$OUT/ncu.txt"
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 "${NCU:-ncu}" --clock-control none --profile-from-start off \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --metrics dram__bytes_read.sum,dram__bytes_write.sum --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
       python3 -m benchmarks.profile "$cfg" "$phase" "$dtype" --lib "$lib" >>"$OUT/ncu.txt" 2>&1
     echo "ncu exit status $?" | tee -a "$SETUP"
   done

@@ -1,22 +1,23 @@
 """``python -m benchmarks.profile CONFIG PHASE DTYPE``: one benchmark phase, run for a profiler.
 
-The row is built exactly as :mod:`benchmarks.run` builds it (same inputs, same phase function,
-jax_cgtp's atomic variant). The compiled phase runs ``--warmup`` times, then ``--runs`` times.
-Under Nsight Compute, skip the warm-up's kernels (every generated kernel is ``cgtp_kernel``)::
+The row is built exactly as :mod:`benchmarks.run` builds it (same inputs, same phase function;
+``--lib`` picks the library, by default jax_cgtp's atomic variant). The compiled phase runs
+``--warmup`` times, then ``--runs`` times inside the CUDA profiler's range (``cuProfilerStart`` /
+``cuProfilerStop``), so Nsight Compute sees exactly the profiled runs' kernels, whichever library
+launched them::
 
-    L=$(JAX_CGTP_ARCH=sm_90 python -m benchmarks.profile mace-l2-c128 conv_fwd float32 --launches)
-    ncu --clock-control none --kernel-name cgtp_kernel --launch-skip $L --launch-count $L \\
-        python -m benchmarks.profile mace-l2-c128 conv_fwd float32
+    ncu --clock-control none --profile-from-start off python -m benchmarks.profile mace-l2-c128 fwd float32 --lib cueq
 
-``--launches`` traces the phase and plans its kernels on the host, with no GPU (set
+``--launches`` traces jax_cgtp's phase and plans its kernels on the host, with no GPU (set
 ``JAX_CGTP_ARCH``): it prints the number of launches of one run, and on stderr each launch's
-outputs, joint pass, tile, slot groups and shared memory. ``--lib jax_cgtp_det`` runs the
-deterministic convolution instead.
+outputs, joint pass, tile, slot groups and shared memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import sys
 
 import jax
@@ -27,13 +28,13 @@ from jax_cgtp.cuda_lowering import planned_kernels
 
 from . import configs, phases, problems
 from .inputs import make_inputs
-from .peers import OPTIONAL_LIBRARIES, adapter
+from .peers import LIBRARIES, OPTIONAL_LIBRARIES, adapter
 
 
 def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concrete: bool = True,
                         lib: str = "jax_cgtp"):
-    """The un-jitted phase function of ``lib`` (jax_cgtp or one of its variants) on the benchmark
-    row's inputs, and those inputs (their shapes only, without ``concrete``)."""
+    """The un-jitted phase function of library ``lib`` on the benchmark row's inputs, in the
+    library's layout, and those inputs (their shapes only, without ``concrete``)."""
     tp = problems.build(config)
     conv = phases.is_conv(phase)
     names = phases.input_names(phase)
@@ -41,6 +42,8 @@ def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concret
 
     def arrays():
         inputs = make_inputs(tp.problem, dtype, edges, conv)
+        for name in ("x", "y", "w", "g"):
+            setattr(inputs, name, impl.to_library("z" if name == "g" else name, getattr(inputs, name)))
         if conv:
             inputs.src, inputs.dst = impl.prepare_graph(inputs.src, inputs.dst, inputs.nodes)
         return tuple(getattr(inputs, name) for name in names)
@@ -69,9 +72,11 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--launches", action="store_true", help="print the launch count of one run and exit")
-    parser.add_argument("--lib", default="jax_cgtp", choices=("jax_cgtp",) + OPTIONAL_LIBRARIES,
-                        help="jax_cgtp (default), or its deterministic convolution")
+    parser.add_argument("--lib", default="jax_cgtp", choices=LIBRARIES + OPTIONAL_LIBRARIES,
+                        help="the library whose phase runs (default jax_cgtp)")
     args = parser.parse_args(argv)
+    if args.launches and not args.lib.startswith("jax_cgtp"):
+        parser.error("--launches plans jax_cgtp's kernels; it needs --lib jax_cgtp or jax_cgtp_det")
     jax.config.update("jax_enable_x64", True)
     fn, arguments = phase_and_arguments(args.config, args.phase, args.dtype, args.edges or configs.EDGES[args.dtype],
                                         concrete=not args.launches, lib=args.lib)
@@ -82,8 +87,26 @@ def main(argv=None) -> None:
         print(len(kernels))
         return
     compiled = jax.jit(fn).lower(*arguments).compile()
-    for _ in range(args.warmup + args.runs):
+    for _ in range(args.warmup):
         jax.block_until_ready(compiled(*arguments))
+    with _profiler_range():
+        for _ in range(args.runs):
+            jax.block_until_ready(compiled(*arguments))
+
+
+@contextlib.contextmanager
+def _profiler_range():
+    """The CUDA driver's profiler range (what ``ncu --profile-from-start off`` profiles); nothing
+    on a machine without a GPU."""
+    if jax.default_backend() != "gpu":
+        yield
+        return
+    driver = ctypes.CDLL("libcuda.so.1")
+    driver.cuProfilerStart()
+    try:
+        yield
+    finally:
+        driver.cuProfilerStop()
 
 
 if __name__ == "__main__":

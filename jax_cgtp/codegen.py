@@ -464,12 +464,13 @@ def _emit_joint(w: Writer, schedule: KernelSchedule) -> None:
         w("const bool live = ok && active;")
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
+        weights = _emit_chunk_weights(w, schedule, paths)
         if outs.keys() & {"y", "w", "z"}:  # the x chunks, shared by the block's paths
             for a in joint.reads("x"):
                 if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim), joint.suffix("x", a)):
                     w("__syncwarp();")
         for path in paths:
-            _emit_joint_path(w, schedule, path)
+            _emit_joint_path(w, schedule, path, weights=weights)
         if "x" in outs:
             _emit_joint_flush(w, schedule, "x", x_offset, dim)
         w.close()
@@ -548,6 +549,21 @@ def _ahead_rows(w: Writer, schedule: KernelSchedule, roles) -> dict[str, str]:
 def _weighted(schedule: KernelSchedule, paths) -> list[JointPath]:
     """The paths whose weight a joint pass reads (none when it does not read ``w``)."""
     return [p for p in paths if p.w_offset is not None] if schedule.joint.reads("w") else []
+
+
+def _emit_chunk_weights(w: Writer, schedule: KernelSchedule, paths) -> dict[tuple[int, int], str]:
+    """Load the lane's weight of every weighted path of the block for this edge and chunk at once,
+    before any of them is used, so that their loads are in flight together (each path's flush
+    syncs the warp, and a load is not moved across that); returns them by ``(instruction index,
+    w input)``."""
+    joint = schedule.joint
+    weights = {}
+    for a in joint.reads("w"):
+        s = joint.suffix("w", a)
+        for p in _weighted(schedule, paths):
+            w(f"const T cw{s}_{p.ins_index} = live ? p_w{s}[{p.w_offset} + lc] : T(0);")
+            weights[p.ins_index, a] = f"cw{s}_{p.ins_index}"
+    return weights
 
 
 def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str,

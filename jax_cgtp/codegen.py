@@ -454,6 +454,7 @@ def _emit_joint(w: Writer, schedule: KernelSchedule) -> None:
     w.open("for (int t = 0; t < count; ++t)")
     emit_edge_header(w, schedule)
     _emit_joint_rows(w, schedule)
+    y_values = _emit_edge_y(w, schedule)
     if "y" in outs:
         for n, (_, dim) in enumerate(joint.y_blocks):
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
@@ -470,7 +471,7 @@ def _emit_joint(w: Writer, schedule: KernelSchedule) -> None:
                 if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim), joint.suffix("x", a)):
                     w("__syncwarp();")
         for path in paths:
-            _emit_joint_path(w, schedule, path, weights=weights)
+            _emit_joint_path(w, schedule, path, y_values=y_values, weights=weights)
         if "x" in outs:
             _emit_joint_flush(w, schedule, "x", x_offset, dim)
         w.close()
@@ -549,6 +550,18 @@ def _ahead_rows(w: Writer, schedule: KernelSchedule, roles) -> dict[str, str]:
 def _weighted(schedule: KernelSchedule, paths) -> list[JointPath]:
     """The paths whose weight a joint pass reads (none when it does not read ``w``)."""
     return [p for p in paths if p.w_offset is not None] if schedule.joint.reads("w") else []
+
+
+def _emit_edge_y(w: Writer, schedule: KernelSchedule):
+    """Load the edge's y components that any path reads into registers once per edge (``ye{s}_c``),
+    so that no path waits on a y load queued behind the previous path's stores; returns
+    ``value(array, c)`` for :func:`_emit_joint_path`."""
+    joint = schedule.joint
+    used = sorted({p.y_offset + nz[1] for *_, paths in joint.blocks for p in paths for nz in p.nonzeros})
+    for a in joint.reads("y"):
+        s = joint.suffix("y", a)
+        w(" ".join(f"const T ye{s}_{c} = ok ? p_y{s}[{c}] : T(0);" for c in used))
+    return lambda a, c: f"ye{joint.suffix('y', a)}_{c}"
 
 
 def _emit_chunk_weights(w: Writer, schedule: KernelSchedule, paths) -> dict[tuple[int, int], str]:

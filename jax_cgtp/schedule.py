@@ -46,6 +46,12 @@ MAX_STAGE_BYTES = 8192  # per staged operand and warp
 MAX_REDUCE_ACCUMULATORS = 64
 TARGET_WARPS = 8192  # float32 warps an H100 runs at once (half in float64): fewer tiles spread their slots
 MAX_GROUPS = 32
+# The convolution's atomic forward by destination holds every path's z chunk of an x block in
+# registers across edges. In float64 that took 240 registers (8 warps per SM) on mace-l2-c128;
+# groups of paths with at most 24 z components together took 0.80-0.97x the time on four configs
+# (H100). In float32 every grouping tried (16 and 24 components) was slower, and so was the
+# deterministic forward (owned runs) in both dtypes: they keep whole blocks.
+SCATTER_Z_COMPONENTS = {8: 24}  # by item size
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
 
@@ -409,7 +415,7 @@ def _joint_terms(call: Call, outputs) -> tuple[JointTerm, ...]:
                  for out in outputs for term in call.outputs[out.call_output].terms)
 
 
-def _joint_pass(call: Call, outputs) -> JointPass | None:
+def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
     """The joint plan of a launch, or None (its slots then run output by output).
 
     It applies when every path is ``uvu`` with a one-channel y block (spherical harmonics) and
@@ -422,6 +428,9 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
 
     z may be an output next to backward ones, and an output may be a sum of terms over several
     inputs of x, y and w (the force loss's second derivative); z̄ comes from one input.
+
+    The atomic forward by destination in float64 walks an x block's paths in groups
+    (:data:`SCATTER_Z_COMPONENTS`), each group a block of its own.
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs):
@@ -452,8 +461,25 @@ def _joint_pass(call: Call, outputs) -> JointPass | None:
                                    tuple(cg_nonzeros(problem, ins))))
         if paths:
             blocks.append((problem.irreps_in1[:i1].dim, mul_ir.mul, mul_ir.ir.dim, tuple(paths)))
+    if set(roles) == {"z"} and outputs[0].flush == "atomic" and itemsize in SCATTER_Z_COMPONENTS:
+        blocks = _split_paths(blocks, SCATTER_Z_COMPONENTS[itemsize])
     y_blocks = sorted({(p.y_offset, p.y_dim) for _, _, _, paths in blocks for p in paths})
     return JointPass(tuple(sorted(roles.items())), arrays, tuple(blocks), tuple(y_blocks), terms, by_destination)
+
+
+def _split_paths(blocks, components: int):
+    """Each x block's paths in consecutive groups whose z chunks have at most ``components``
+    components together (a path wider than that is a group of its own); every group is a block of
+    its own, so a walk holds only one group's z chunks in registers."""
+    result = []
+    for x_offset, mul, dim, paths in blocks:
+        groups = [[]]
+        for p in paths:
+            if groups[-1] and sum(q.z_dim for q in groups[-1]) + p.z_dim > components:
+                groups.append([])
+            groups[-1].append(p)
+        result += [(x_offset, mul, dim, tuple(group)) for group in groups]
+    return result
 
 
 def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool) -> tuple[dict[str, int], int, int]:
@@ -618,7 +644,7 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             zero = _zero_ranges(call.problem, output.role, planned) if flush in ("store", "own") else ()
             outputs.append(KernelOutput(call_index, output.role, kind, call.problem.operand_dim(output.role),
                                         flush, zero))
-        joint = _joint_pass(call, outputs)
+        joint = _joint_pass(call, outputs, itemsize)
         stream = weight_stream(call, outputs, itemsize) if joint is None else None
         if segment_role or (joint is not None and joint.by_destination):  # runs of one node to walk
             tile = TILE_INDEXED

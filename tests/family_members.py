@@ -45,6 +45,14 @@ def spherical_harmonics_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", unweigh
     return _same_problem_pair(tp, cls, kernels, options, unweighted)
 
 
+def wide_block_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
+    """A product whose x blocks have many paths: 1o and 2e over ``0e+1o+2e+3o``, every output
+    (48 and 65 z components per block, more than a float64 walk by destination holds at once).
+    33 channels: two chunks. On the kernels' backend and on the reference."""
+    tp = jax_cgtp.channelwise_tensor_product("2x0e+33x1o+3x2e", "0e+1o+2e+3o")
+    return _same_problem_pair(tp, cls, kernels, options)
+
+
 def fully_connected_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     """A DiffDock-like product (``uvw`` over spherical harmonics) whose forward and backwards with
     per-edge weights are weight streams: 40 x channels make several weight items per path, 35

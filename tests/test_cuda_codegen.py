@@ -132,6 +132,28 @@ def test_convolution_backward_keeps_each_destination_staged(dtype):
     assert not batched.joint.by_destination and batched.edge_sums_size == 0
 
 
+def test_atomic_convolution_forward_in_float64_holds_at_most_24_z_components():
+    """mace-l2-c128's 2e block has 11 paths (51 z components): in float64 the atomic walk by
+    destination takes them in groups, each a block of its own; float32 and the deterministic
+    walk keep the whole block."""
+    problem = jax_cgtp.channelwise_tensor_product("128x0e+128x1o+128x2e", "0e+1o+2e+3o").problem
+    kinds, rows = (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10)
+
+    def blocks(dtype, deterministic=False):
+        (kernel,) = schedule.plan(forward_call(problem, kinds, rows, deterministic=deterministic), dtype, "int")
+        return [(x_offset, [p.ins_index for p in paths]) for x_offset, _, _, paths in kernel.joint.blocks]
+
+    whole = blocks("float")
+    assert [x_offset for x_offset, _ in whole] == [0, 128, 512] and blocks("double", True) == whole
+    grouped = schedule.plan(forward_call(problem, kinds, rows), "double", "int")[0].joint.blocks
+    assert all(sum(p.z_dim for p in paths) <= schedule.SCATTER_Z_COMPONENTS[8] for *_, paths in grouped)
+    assert len(grouped) > len(whole)
+    regrouped = {}
+    for x_offset, _, _, paths in grouped:
+        regrouped.setdefault(x_offset, []).extend(p.ins_index for p in paths)
+    assert list(regrouped.items()) == whole
+
+
 def test_deterministic_convolution_reduces_each_node_in_one_warp():
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     call = backward_call(mace_problem(), kinds, rows=(10, None, None, 10), deterministic=True)

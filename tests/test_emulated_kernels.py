@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, members, pair,
-                            random_graph, second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients)
+                            random_graph, second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients,
+                            wide_block_pair)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -153,6 +154,19 @@ def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, determin
     assert {"z": 0} in joint and {"x": 0, "y": 1, "w": 2} in joint
     assert {"y": 0} in joint  # the force loss's ȳ of the gradient: z̄ gathered, one output
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+
+
+@pytest.mark.parametrize("sorted_by_dst", [False, True])
+def test_convolution_forward_with_path_groups_matches_reference(sorted_by_dst):
+    """In float64 the atomic forward by destination walks a wide block's paths group by group."""
+    kernels, reference = wide_block_pair(jax_cgtp.TensorProductConv, kernels="auto")
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(44), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
+                                     sorted_by_dst=sorted_by_dst)
+    before = _launches()
+    actual = jax.jit(kernels, static_argnums=5)(x, y, w, src, dst, 9)
+    (launch,) = kernel_emulator.launched()[before:]
+    assert len(launch.joint.blocks) > len({x_offset for x_offset, *_ in launch.joint.blocks})
+    assert_close(actual, jax.jit(reference, static_argnums=5)(x, y, w, src, dst, 9), jnp.float64)
 
 
 @pytest.mark.parametrize("sorted_by_dst, deterministic", [(False, False), (True, False), (False, True)])

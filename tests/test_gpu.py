@@ -14,7 +14,7 @@ import pytest
 from jax.test_util import check_grads
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, members, pair,
                             random_graph, relative_error, second_derivatives, spherical_harmonics_pair,
-                            squared_norm_and_gradients)
+                            squared_norm_and_gradients, wide_block_pair)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -189,6 +189,18 @@ def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst, d
     walking each node's sorted run in the deterministic variant."""
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(43), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
+    expected = jax.jit(functools.partial(conv_members, reference, 300))(
+        *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
+    assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("sorted_by_dst", [False, True])
+def test_convolution_with_wide_blocks_matches_reference(dtype, sorted_by_dst):
+    """Blocks with more z components than a float64 walk by destination holds at once: its
+    forward walks them path group by path group."""
+    cuda, reference = wide_block_pair(jax_cgtp.TensorProductConv)
+    args = random_graph(jax.random.PRNGKey(45), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     expected = jax.jit(functools.partial(conv_members, reference, 300))(
         *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
     assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)

@@ -48,9 +48,9 @@ TARGET_WARPS = 8192  # float32 warps an H100 runs at once (half in float64): few
 MAX_GROUPS = 32
 # The convolution's atomic forward by destination holds every path's z chunk of an x block in
 # registers across edges. In float64 that took 240 registers (8 warps per SM) on mace-l2-c128;
-# groups of paths with at most 24 z components together took 0.80-0.97x the time on four configs
-# (H100). In float32 every grouping tried (16 and 24 components) was slower, and so was the
-# deterministic forward (owned runs) in both dtypes: they keep whole blocks.
+# groups of paths with at most 24 z components together took 0.81-0.98x the time on four configs
+# (H100). In float32 grouping was slower on three of the four (up to 1.51x), and so was the
+# deterministic forward (owned runs) on most: they keep whole blocks.
 SCATTER_Z_COMPONENTS = {8: 24}  # by item size
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 

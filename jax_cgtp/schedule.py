@@ -198,8 +198,9 @@ class JointPass:
     it.
 
     ``outputs`` map roles to kernel outputs, ``arrays`` are the ``(role, call input)`` pairs the
-    terms read; ``blocks`` are ``(x offset, mul, dim, paths)``; ``y_blocks`` the ``(offset, dim)``
-    of the y blocks ȳ covers.
+    terms read; ``blocks`` are ``(x offset, mul, dim, paths)`` (an x block may appear several
+    times, with a group of its paths each); ``y_blocks`` the ``(offset, dim)`` of the y blocks ȳ
+    covers.
     """
 
     outputs: tuple[tuple[str, int], ...]

@@ -471,7 +471,7 @@ def _emit_joint(w: Writer, schedule: KernelSchedule) -> None:
                 if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim), joint.suffix("x", a)):
                     w("__syncwarp();")
         for path in paths:
-            _emit_joint_path(w, schedule, path, y_values=y_values, weights=weights)
+            _emit_joint_path(w, schedule, path, weights, y_values=y_values)
         if "x" in outs:
             _emit_joint_flush(w, schedule, "x", x_offset, dim)
         w.close()
@@ -564,19 +564,24 @@ def _emit_edge_y(w: Writer, schedule: KernelSchedule):
     return lambda a, c: f"ye{joint.suffix('y', a)}_{c}"
 
 
-def _emit_chunk_weights(w: Writer, schedule: KernelSchedule, paths) -> dict[tuple[int, int], str]:
-    """Load the lane's weight of every weighted path of the block for this edge and chunk at once,
-    before any of them is used, so that their loads are in flight together (each path's flush
-    syncs the warp, and a load is not moved across that); returns them by ``(instruction index,
-    w input)``."""
+def _declare_weights(w: Writer, schedule: KernelSchedule, paths, value) -> dict[tuple[int, int], str]:
+    """Declare ``cw{s}_{n}``, the lane's weight of weighted path ``n`` in w input ``s`` for this
+    edge and chunk, as ``value(s, path)``; returns the names by ``(instruction index, w input)``."""
     joint = schedule.joint
     weights = {}
     for a in joint.reads("w"):
         s = joint.suffix("w", a)
         for p in _weighted(schedule, paths):
-            w(f"const T cw{s}_{p.ins_index} = live ? p_w{s}[{p.w_offset} + lc] : T(0);")
+            w(f"const T cw{s}_{p.ins_index} = {value(s, p)};")
             weights[p.ins_index, a] = f"cw{s}_{p.ins_index}"
     return weights
+
+
+def _emit_chunk_weights(w: Writer, schedule: KernelSchedule, paths) -> dict[tuple[int, int], str]:
+    """Load the lane's weight of every weighted path of the block for this edge and chunk at once,
+    before any of them is used, so that their loads are in flight together (each path's flush
+    syncs the warp, and a load is not moved across that)."""
+    return _declare_weights(w, schedule, paths, lambda s, p: f"live ? p_w{s}[{p.w_offset} + lc] : T(0)")
 
 
 def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str,
@@ -625,14 +630,7 @@ def _take_ahead(w: Writer, schedule: KernelSchedule, dim: int, paths) -> dict[st
     for a in joint.reads("x"):
         s = joint.suffix("x", a)
         w(f"T cx{s}[{dim}] = {{{', '.join(f'ax{s}[{r}]' for r in range(dim))}}};")
-    weights = {}
-    weighted = _weighted(schedule, paths)
-    for a in joint.reads("w") if weighted else ():
-        s = joint.suffix("w", a)
-        for p in weighted:
-            w(f"const T cw{s}_{p.ins_index} = aw{s}_{p.ins_index};")
-            weights[p.ins_index, a] = f"cw{s}_{p.ins_index}"
-    return weights
+    return _declare_weights(w, schedule, paths, lambda s, p: f"aw{s}_{p.ins_index}")
 
 
 def _emit_x_from_ahead(w: Writer, schedule: KernelSchedule, dim: int) -> bool:
@@ -690,7 +688,7 @@ def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
             _emit_joint_rows(w, schedule, ("y",))
         staged = _emit_x_from_ahead(w, schedule, dim)
         for path, names in zip(paths, accumulators):
-            _emit_joint_path(w, schedule, path, z_acc=names, y_values=y_values, weights=weights)
+            _emit_joint_path(w, schedule, path, weights, z_acc=names, y_values=y_values)
         if staged:
             w("__syncwarp();")
         w.close()
@@ -802,8 +800,8 @@ def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
         for n in reached:
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};")
         for n, (path, z_values) in enumerate(zip(paths, staged_z)):
-            _emit_joint_path(w, schedule, path, z_acc=accumulators[n] if accumulators else None, z_values=z_values,
-                             y_values=y_values, weights=weights)
+            _emit_joint_path(w, schedule, path, weights, z_acc=accumulators[n] if accumulators else None,
+                             z_values=z_values, y_values=y_values)
         if reached:
             lo, values = _y_sum_values(joint, reached)
             emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
@@ -843,14 +841,14 @@ def _y_sum_values(joint, reached) -> tuple[int, list[str]]:
     return lo, [by_offset.get(c, "T(0)") for c in range(lo, max(by_offset) + 1)]
 
 
-def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, z_acc=None, z_values=None,
-                     y_values=None, weights=None) -> None:
-    """One path's terms for the current edge and chunk. ``z_acc`` are the registers that hold the
-    path's z chunk across edges, which a z output adds to (without, it writes the chunk at once);
-    ``z_values`` the staged z̄ elements that backward terms read (without, they load the chunk).
-    ``y_values(array, c)`` gives component ``c`` of y input ``array``, and ``weights[ins, array]``
-    the lane's weight in w input ``array``, where they are already at hand (else they are loaded
-    from the edge's rows)."""
+def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, weights, z_acc=None, z_values=None,
+                     y_values=None) -> None:
+    """One path's terms for the current edge and chunk. ``weights[ins, array]`` is the lane's
+    weight of a weighted path in w input ``array`` (:func:`_declare_weights`). ``z_acc`` are the
+    registers that hold the path's z chunk across edges, which a z output adds to (without, it
+    writes the chunk at once); ``z_values`` the staged z̄ elements that backward terms read
+    (without, they load the chunk). ``y_values(array, c)`` gives component ``c`` of y input
+    ``array`` where it is already at hand (else it is loaded from the edge's row)."""
     joint = schedule.joint
     problem = schedule.call.problem
     outs = dict(joint.outputs)
@@ -867,8 +865,7 @@ def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, z_acc
             w(f"const T y{s}_{j} = {value};")
     for a in joint.reads("w") if path.w_offset is not None else ():
         s = joint.suffix("w", a)
-        value = (weights or {}).get((path.ins_index, a)) or f"live ? p_w{s}[{path.w_offset} + lc] : T(0)"
-        w(f"const T wt{s} = {value};")
+        w(f"const T wt{s} = {weights[path.ins_index, a]};")
     staged = False
     if joint.reads("z"):  # z̄, read by the backward terms
         if z_values is None:

@@ -123,10 +123,7 @@ def measure_group(tp, config, dtype, group_phases, libraries, availability, opti
             continue
         try:
             impl = adapter(lib).build(tp, jnp.dtype(dtype), conv, options)
-            lib_inputs = {name: impl.to_library("z" if name == "g" else name, getattr(inputs, name))
-                          for name in ("x", "y", "w", "g")}
-            if conv:
-                lib_inputs["src"], lib_inputs["dst"] = impl.prepare_graph(inputs.src, inputs.dst, inputs.nodes)
+            lib_inputs = impl.arguments(inputs)
         except (Missing, Unsupported) as error:
             status = "missing" if isinstance(error, Missing) else "unsupported"
             for row in rows.values():

@@ -41,12 +41,8 @@ def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concret
     impl = adapter(lib).build(tp, jnp.dtype(dtype), conv, {})
 
     def arrays():
-        inputs = make_inputs(tp.problem, dtype, edges, conv)
-        for name in ("x", "y", "w", "g"):
-            setattr(inputs, name, impl.to_library("z" if name == "g" else name, getattr(inputs, name)))
-        if conv:
-            inputs.src, inputs.dst = impl.prepare_graph(inputs.src, inputs.dst, inputs.nodes)
-        return tuple(getattr(inputs, name) for name in names)
+        arguments = impl.arguments(make_inputs(tp.problem, dtype, edges, conv))
+        return tuple(arguments[name] for name in names)
 
     return phases.phase_function(phase, impl.apply), arrays() if concrete else jax.eval_shape(arrays)
 

@@ -58,6 +58,15 @@ class Impl:
     prepare_graph: Callable = _same_graph
     note: str = ""
 
+    def arguments(self, inputs) -> dict:
+        """The benchmark's ``inputs`` (:class:`benchmarks.inputs.Inputs`) as this library takes
+        them: ``x, y, w, g`` in its layout and, for a convolution, its graph arguments."""
+        arguments = {name: self.to_library("z" if name == "g" else name, getattr(inputs, name))
+                     for name in ("x", "y", "w", "g")}
+        if inputs.src is not None:
+            arguments["src"], arguments["dst"] = self.prepare_graph(inputs.src, inputs.dst, inputs.nodes)
+        return arguments
+
 
 def adapter(name: str):
     """The adapter module of library ``name`` (one of :data:`LIBRARIES`)."""

@@ -20,7 +20,7 @@ import pathlib
 from .operands import BATCHED, INDEXED, SHARED
 from .codegen_stream import emit_stream
 from .cuda_text import Writer, cg_sums, emit_edge_header, emit_transposed_sum, lane_row, literal, put, row_of
-from .schedule import WARP, Contribution, Factor, JointPath, KernelSchedule, Slot, slot_chunks, stage_width
+from .schedule import CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, Contribution, Factor, JointPath, KernelSchedule, Slot, slot_chunks, stage_width
 
 _HEADER = "cgtp_device.cuh"
 _BUFFERS = {"ring": "ring of weight items", "row": "output row summed over paths", "t": "t[u, k] of one item"}
@@ -465,13 +465,17 @@ def _emit_joint(w: Writer, schedule: KernelSchedule) -> None:
         w("const bool live = ok && active;")
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
-        weights = _emit_chunk_weights(w, schedule, paths)
+        batches = _weight_batches(schedule, paths)
+        weights = _emit_chunk_weights(w, schedule, batches[0])
         if outs.keys() & {"y", "w", "z"}:  # the x chunks, shared by the block's paths
             for a in joint.reads("x"):
                 if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim), joint.suffix("x", a)):
                     w("__syncwarp();")
-        for path in paths:
-            _emit_joint_path(w, schedule, path, weights, y_values=y_values)
+        for n, batch in enumerate(batches):
+            if n:
+                weights = _emit_chunk_weights(w, schedule, batch)
+            for path in batch:
+                _emit_joint_path(w, schedule, path, weights, y_values=y_values)
         if "x" in outs:
             _emit_joint_flush(w, schedule, "x", x_offset, dim)
         w.close()
@@ -555,9 +559,12 @@ def _weighted(schedule: KernelSchedule, paths) -> list[JointPath]:
 def _emit_edge_y(w: Writer, schedule: KernelSchedule):
     """Load the edge's y components that any path reads into registers once per edge (``ye{s}_c``),
     so that no path waits on a y load queued behind the previous path's stores; returns
-    ``value(array, c)`` for :func:`_emit_joint_path`."""
+    ``value(array, c)`` for :func:`_emit_joint_path`, or None (each path loads its own) when there
+    are more than :data:`~jax_cgtp.schedule.EDGE_Y_REGISTERS`."""
     joint = schedule.joint
     used = sorted({p.y_offset + nz[1] for *_, paths in joint.blocks for p in paths for nz in p.nonzeros})
+    if len(used) > EDGE_Y_REGISTERS:
+        return None
     for a in joint.reads("y"):
         s = joint.suffix("y", a)
         w(" ".join(f"const T ye{s}_{c} = ok ? p_y{s}[{c}] : T(0);" for c in used))
@@ -582,6 +589,21 @@ def _emit_chunk_weights(w: Writer, schedule: KernelSchedule, paths) -> dict[tupl
     before any of them is used, so that their loads are in flight together (each path's flush
     syncs the warp, and a load is not moved across that)."""
     return _declare_weights(w, schedule, paths, lambda s, p: f"live ? p_w{s}[{p.w_offset} + lc] : T(0)")
+
+
+def _weight_batches(schedule: KernelSchedule, paths) -> list[list[JointPath]]:
+    """The block's paths in consecutive batches whose weights (every w input's) fit in
+    :data:`~jax_cgtp.schedule.CHUNK_WEIGHT_REGISTERS` registers; a path without weight costs none."""
+    per_path = len(schedule.joint.reads("w")) * schedule.itemsize // 4
+    batches, used = [[]], 0
+    for path in paths:
+        cost = per_path if path in _weighted(schedule, [path]) else 0
+        if used + cost > CHUNK_WEIGHT_REGISTERS and batches[-1]:
+            batches.append([])
+            used = 0
+        batches[-1].append(path)
+        used += cost
+    return batches
 
 
 def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str,

@@ -52,6 +52,17 @@ MAX_GROUPS = 32
 # (H100). In float32 grouping was slower on three of the four (up to 1.51x), and so was the
 # deterministic forward (owned runs) on most: they keep whole blocks.
 SCATTER_Z_COMPONENTS = {8: 24}  # by item size
+# Either forward by destination, in either dtype, holds at most this many z components of an x
+# block at once: l <= 5 blocks have up to 174, which spilled (18.8 KB per thread in float64).
+# The other public configs' blocks have at most 51, so their walks keep whole blocks.
+MAX_Z_COMPONENTS = 64
+# The product's joint passes hold the edge's y components in registers when it has at most this
+# many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs
+# (H100). With l <= 5 (36 components) they pushed its backward from 168 to 255 registers, spilled.
+EDGE_Y_REGISTERS = 16
+# They load the weights of a chunk's weighted paths at once, in batches of at most this many
+# registers (12 paths in float64), so that l <= 5 blocks (24 paths) do not spill.
+CHUNK_WEIGHT_REGISTERS = 24
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
 
@@ -430,8 +441,9 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
     z may be an output next to backward ones, and an output may be a sum of terms over several
     inputs of x, y and w (the force loss's second derivative); z̄ comes from one input.
 
-    The atomic forward by destination in float64 walks an x block's paths in groups
-    (:data:`SCATTER_Z_COMPONENTS`), each group a block of its own.
+    A forward by destination walks an x block's paths in groups, each group a block of its own:
+    at most :data:`MAX_Z_COMPONENTS` z components, and :data:`SCATTER_Z_COMPONENTS` for the
+    atomic walk in float64.
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs):
@@ -462,8 +474,11 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
                                    tuple(cg_nonzeros(problem, ins))))
         if paths:
             blocks.append((problem.irreps_in1[:i1].dim, mul_ir.mul, mul_ir.ir.dim, tuple(paths)))
-    if set(roles) == {"z"} and outputs[0].flush == "atomic" and itemsize in SCATTER_Z_COMPONENTS:
-        blocks = _split_paths(blocks, SCATTER_Z_COMPONENTS[itemsize])
+    if set(roles) == {"z"} and by_destination:
+        limit = MAX_Z_COMPONENTS
+        if outputs[0].flush == "atomic":
+            limit = min(limit, SCATTER_Z_COMPONENTS.get(itemsize, limit))
+        blocks = _split_paths(blocks, limit)
     y_blocks = sorted({(p.y_offset, p.y_dim) for _, _, _, paths in blocks for p in paths})
     return JointPass(tuple(sorted(roles.items())), arrays, tuple(blocks), tuple(y_blocks), terms, by_destination)
 

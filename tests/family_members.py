@@ -53,6 +53,15 @@ def wide_block_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     return _same_problem_pair(tp, cls, kernels, options)
 
 
+def high_l_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
+    """Spherical harmonics up to l = 4 (25 y components) and an x block with 19 weighted paths
+    (2e over ``0e+1o+2e+3o+4e``, every output: 125 z components), beyond what a joint pass holds
+    in registers at once (its y components, its weights in float64, a forward by destination's z
+    chunks). 33 channels: two chunks. On the kernels' backend and on the reference."""
+    tp = jax_cgtp.channelwise_tensor_product("2x0e+33x2e", "0e+1o+2e+3o+4e")
+    return _same_problem_pair(tp, cls, kernels, options)
+
+
 def fully_connected_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     """A DiffDock-like product (``uvw`` over spherical harmonics) whose forward and backwards with
     per-edge weights are weight streams: 40 x channels make several weight items per path, 35

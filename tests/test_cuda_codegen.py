@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
-from family_members import backward_call
+from family_members import backward_call, high_l_pair
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -136,7 +136,8 @@ def test_atomic_convolution_forward_in_float64_holds_at_most_24_z_components():
     """mace-l2-c128's 2e block has 11 paths (51 z components): in float64 the atomic walk by
     destination takes them in groups, each a block of its own; float32 and the deterministic
     walk keep the whole block."""
-    problem = jax_cgtp.channelwise_tensor_product("128x0e+128x1o+128x2e", "0e+1o+2e+3o").problem
+    problem = jax_cgtp.channelwise_tensor_product("128x0e+128x1o+128x2e", "0e+1o+2e+3o",
+                                                  filter_ir_out="0e+0o+1o+1e+2e+2o+3o+3e").problem
     kinds, rows = (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10)
 
     def blocks(dtype, deterministic=False):
@@ -152,6 +153,34 @@ def test_atomic_convolution_forward_in_float64_holds_at_most_24_z_components():
     for x_offset, _, _, paths in grouped:
         regrouped.setdefault(x_offset, []).extend(p.ins_index for p in paths)
     assert list(regrouped.items()) == whole
+
+
+@pytest.mark.parametrize("dtype", ["float", "double"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_forward_by_destination_holds_at_most_64_z_components(dtype, deterministic):
+    """The 2e block of ``high_l_pair`` has 19 paths and 125 z components: both walks take them in
+    consecutive groups, in the paths' order."""
+    problem = high_l_pair(kernels="auto")[0].problem
+    call = forward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10), deterministic=deterministic)
+    (kernel,) = schedule.plan(call, dtype, "int")
+    limit = 24 if dtype == "double" and not deterministic else schedule.MAX_Z_COMPONENTS
+    assert all(sum(p.z_dim for p in paths) <= limit for *_, paths in kernel.joint.blocks)
+    assert [x_offset for x_offset, *_ in kernel.joint.blocks].count(2) > 1
+    order = [p.ins_index for *_, paths in kernel.joint.blocks for p in paths]
+    assert order == sorted(order) and len(order) == len(problem.instructions)
+
+
+@pytest.mark.parametrize("dtype, batches", [("float", [19]), ("double", [12, 7])])
+def test_joint_passes_bound_the_registers_of_high_l_products(dtype, batches):
+    """25 y components are loaded by each path (mace's 16 stay in registers for the whole edge),
+    and the 2e block's weights are loaded at once in float32, in batches of 12 in float64."""
+    problem = high_l_pair(kernels="auto")[0].problem
+    (kernel,) = schedule.plan(forward_call(problem, (BATCHED,) * 4), dtype, "int")
+    assert "const T ye_" not in codegen.generate(kernel)
+    *_, paths = kernel.joint.blocks[1]
+    assert [len(batch) for batch in codegen._weight_batches(kernel, paths)] == batches
+    (kernel,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), dtype, "int")
+    assert "const T ye_0 = " in codegen.generate(kernel)
 
 
 def test_deterministic_convolution_reduces_each_node_in_one_warp():

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, members, pair,
-                            random_graph, second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients,
-                            wide_block_pair)
+                            high_l_pair, random_graph, second_derivatives, spherical_harmonics_pair,
+                            squared_norm_and_gradients, wide_block_pair)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -154,6 +154,33 @@ def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, determin
     assert {"z": 0} in joint and {"x": 0, "y": 1, "w": 2} in joint
     assert {"y": 0} in joint  # the force loss's ȳ of the gradient: z̄ gathered, one output
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+
+
+def test_members_of_a_high_l_product_match_reference():
+    """l = 4 spherical harmonics and 19 paths on one x block: y loaded per path, and in float64
+    the block's weights loaded in batches."""
+    kernels, reference = high_l_pair(kernels="auto")
+    keys = jax.random.split(jax.random.PRNGKey(52), 4)
+    x, y, w, g = (jax.random.normal(k, (5, d), jnp.float64) for k, d in zip(
+        keys, (kernels.irreps_in1.dim, kernels.irreps_in2.dim, kernels.weight_numel, kernels.irreps_out.dim)))
+    assert_close(jax.jit(functools.partial(members, kernels))(x, y, w, g),
+                 jax.jit(functools.partial(members, reference))(x, y, w, g), jnp.float64)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_high_l_convolution_forward_walks_path_groups(dtype, deterministic):
+    """A 2e block with 125 z components: either forward by destination walks it in groups of at
+    most 64 (24 for the atomic walk in float64), each node's z written by every group."""
+    kernels, reference = high_l_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(51), kernels, 9, 50, dtype, bad_fraction=0.1,
+                                     sorted_by_dst=True)
+    before = _launches()
+    actual = jax.jit(kernels, static_argnums=5)(x, y, w, src, dst, 9)
+    (launch,) = kernel_emulator.launched()[before:]
+    assert len(launch.joint.blocks) > len({x_offset for x_offset, *_ in launch.joint.blocks})
+    as64 = [a.astype(jnp.float64) for a in (x, y, w)]
+    assert_close(actual, jax.jit(reference, static_argnums=5)(*as64, src, dst, 9), dtype)
 
 
 @pytest.mark.parametrize("sorted_by_dst", [False, True])

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, members, pair,
-                            random_graph, relative_error, second_derivatives, spherical_harmonics_pair,
+from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, high_l_pair,
+                            members, pair, random_graph, relative_error, second_derivatives, spherical_harmonics_pair,
                             squared_norm_and_gradients, wide_block_pair)
 from random_problems import random_inputs, random_problem
 
@@ -141,10 +141,12 @@ def test_auto_with_shared_uvw_weights_matches_reference(dtype):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-@pytest.mark.parametrize("pairing", [spherical_harmonics_pair, fully_connected_pair])
+@pytest.mark.parametrize("pairing", [spherical_harmonics_pair, high_l_pair, fully_connected_pair])
 def test_joint_passes_and_weight_streams_match_reference(pairing, dtype):
-    """Spherical-harmonics paths: forward, fused backward and ȳ alone run as joint passes (``uvu``)
-    or stream the per-edge weights through shared memory (``uvw``: x̄ alone too); 1001 edges."""
+    """Spherical-harmonics paths: forward, fused backward and ȳ alone run as joint passes (``uvu``;
+    with l = 4 harmonics each path loads its y components, and float64 loads a wide block's
+    weights in batches) or stream the per-edge weights through shared memory (``uvw``: x̄ alone
+    too); 1001 edges."""
     cuda, reference = pairing()
     keys = jax.random.split(jax.random.PRNGKey(42), 4)
     x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
@@ -189,6 +191,18 @@ def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst, d
     walking each node's sorted run in the deterministic variant."""
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(43), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
+    expected = jax.jit(functools.partial(conv_members, reference, 300))(
+        *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
+    assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_high_l_convolution_matches_reference(dtype, deterministic):
+    """A 2e block of 125 z components over l = 4 harmonics: both forwards by destination walk it
+    in path groups."""
+    cuda, reference = high_l_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(46), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=False)
     expected = jax.jit(functools.partial(conv_members, reference, 300))(
         *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
     assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)

@@ -43,6 +43,9 @@ TILE_INDEXED = 32  # edges per tile when rows are accumulated across edges
 MAX_BLOCKS = 8192
 MAX_PARTIAL_BLOCKS = 256  # a SHARED output keeps one partial row per warp (per walker with groups)
 MAX_STAGE_BYTES = 8192  # per staged operand and warp
+# Dynamic shared memory of one block: the opt-in limit of sm_86 and sm_89 (sm_80 allows 163 KiB,
+# sm_90 227 KiB). A launch whose warps need more together gets fewer warps per block.
+MAX_BLOCK_SHARED_BYTES = 99 * 1024
 MAX_REDUCE_ACCUMULATORS = 64
 TARGET_WARPS = 8192  # float32 warps an H100 runs at once (half in float64): fewer tiles spread their slots
 MAX_GROUPS = 32
@@ -522,6 +525,20 @@ def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool) -> tuple[dict[st
     return stage, transpose, edge_sums
 
 
+def _fit_shared_memory(kernel: KernelSchedule) -> KernelSchedule:
+    """The launch with as many of its warps per block as fit in :data:`MAX_BLOCK_SHARED_BYTES`
+    (z̄ chunks of a wide block staged by a walk by destination: 68 KiB per warp for l5-c32 in
+    float64); a ValueError naming the problem when one warp alone needs more."""
+    per_warp = kernel.smem_per_warp * kernel.itemsize
+    if per_warp > MAX_BLOCK_SHARED_BYTES:
+        raise ValueError(
+            f"jax_cgtp: a warp of this launch needs {per_warp} bytes of shared memory, more than the "
+            f"{MAX_BLOCK_SHARED_BYTES} of a block, for {kernel.call.problem} in {kernel.dtype}")
+    if per_warp * kernel.warps_per_block <= MAX_BLOCK_SHARED_BYTES:
+        return kernel
+    return dataclasses.replace(kernel, warps_per_block=MAX_BLOCK_SHARED_BYTES // per_warp)
+
+
 def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
     """Split the call's outputs into launches: ``[(output indices, segment role or None)]``.
 
@@ -699,6 +716,7 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             stream,
             edge_sums,
         )
+        kernel = _fit_shared_memory(kernel)
         if edges is not None and joint is None and stream is None:
             segments = call.row_count(segment_role) if segment_role else 0
             groups = slot_groups(kernel.slots, kernel.tiles(edges, segments), kernel.max_blocks * kernel.warps_per_block,

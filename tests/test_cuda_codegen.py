@@ -183,6 +183,25 @@ def test_joint_passes_bound_the_registers_of_high_l_products(dtype, batches):
     assert "const T ye_0 = " in codegen.generate(kernel)
 
 
+def test_launches_fit_the_shared_memory_of_a_block(monkeypatch):
+    """The atomic convolution backward of ``high_l_pair`` stages the 2e block's 125 z̄ components per
+    lane: in float64 four warps would need 157 KiB, so a block gets fewer; a warp that alone needs
+    more than a block may have is an error naming the problem."""
+    problem = high_l_pair(kernels="auto")[0].problem
+    call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10))
+    (kernel,) = schedule.plan(call, "double", "int")
+    assert kernel.smem_per_warp * 8 * schedule.WARPS_PER_BLOCK > schedule.MAX_BLOCK_SHARED_BYTES
+    assert kernel.warps_per_block == schedule.MAX_BLOCK_SHARED_BYTES // (kernel.smem_per_warp * 8) < 4
+    assert kernel.shared_bytes <= schedule.MAX_BLOCK_SHARED_BYTES
+    assert f"{kernel.warps_per_block} warps per block" in codegen.generate(kernel)
+    (narrow,) = schedule.plan(backward_call(mace_problem(), (INDEXED, BATCHED, BATCHED, INDEXED),
+                                            rows=(10, None, None, 10)), "double", "int")
+    assert narrow.warps_per_block == schedule.WARPS_PER_BLOCK
+    monkeypatch.setattr(schedule, "MAX_BLOCK_SHARED_BYTES", 4096)
+    with pytest.raises(ValueError, match=r"needs \d+ bytes of shared memory, more than the 4096 of a block.*2e"):
+        schedule.plan(call, "double", "int")
+
+
 def test_deterministic_convolution_reduces_each_node_in_one_warp():
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     call = backward_call(mace_problem(), kinds, rows=(10, None, None, 10), deterministic=True)

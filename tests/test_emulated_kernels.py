@@ -183,6 +183,17 @@ def test_high_l_convolution_forward_walks_path_groups(dtype, deterministic):
     assert_close(actual, jax.jit(reference, static_argnums=5)(*as64, src, dst, 9), dtype)
 
 
+def test_high_l_convolution_backward_in_blocks_of_fewer_warps_matches_reference():
+    """The atomic backward of a 2e block of 125 z components, in float64: z̄ staged per lane needs
+    more shared memory than four warps of a block may have together, so its blocks are smaller."""
+    kernels, reference = high_l_pair(jax_cgtp.TensorProductConv, kernels="auto")
+    args = random_graph(jax.random.PRNGKey(53), kernels, 9, 50, jnp.float64, bad_fraction=0.1)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
+    assert any(k.warps_per_block < schedule.WARPS_PER_BLOCK for k in kernel_emulator.launched()[before:])
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+
+
 @pytest.mark.parametrize("sorted_by_dst", [False, True])
 def test_convolution_forward_with_path_groups_matches_reference(sorted_by_dst):
     """In float64 the atomic forward by destination walks a wide block's paths group by group."""

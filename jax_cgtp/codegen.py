@@ -560,12 +560,16 @@ def _emit_edge_y(w: Writer, schedule: KernelSchedule):
     """Load the edge's y components that any path reads into registers once per edge (``ye{s}_c``),
     so that no path waits on a y load queued behind the previous path's stores; returns
     ``value(array, c)`` for :func:`_emit_joint_path`. With more than
-    :data:`~jax_cgtp.schedule.EDGE_Y_REGISTERS`, each path loads its own through ``__ldca``: NVRTC
-    does not merge those with another block's loads of the same component, which kept every
-    component in registers across the edge (l5-c32's float64 forward spilled 2 KB per thread)."""
+    :data:`~jax_cgtp.schedule.EDGE_Y_REGISTERS`, each path loads its own: NVRTC merges plain loads
+    of one component across x blocks, holding every component in registers for the whole edge.
+    In float32 that measured best (None: plain loads); in float64 it took two registers per
+    component (l5-c32's forward spilled 2 KB per thread), so the loads go through ``__ldca``,
+    which NVRTC does not merge (0.68x the forward's time, H100)."""
     joint = schedule.joint
     used = sorted({p.y_offset + nz[1] for *_, paths in joint.blocks for p in paths for nz in p.nonzeros})
     if len(used) > EDGE_Y_REGISTERS:
+        if schedule.itemsize == 4:
+            return None
         return lambda a, c: f"(ok ? __ldca(p_y{joint.suffix('y', a)} + {c}) : T(0))"
     for a in joint.reads("y"):
         s = joint.suffix("y", a)

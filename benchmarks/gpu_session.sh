@@ -27,8 +27,9 @@
 #                    files are written before the device tool stops the call
 #   --base DIR       [BASE_TREE]      A/B in one call: DIR is a plain copy of another commit's tree
 #                                     (git archive REV | tar -x -C .ab/base; carry .ab too), built and
-#                                     benchmarked first, jax_cgtp alone, with the same phases, configs
-#                                     and dtypes (bench-TAG-base.json/txt; BASE_COMMIT names it); then
+#                                     benchmarked first, jax_cgtp alone, with the same phases, configs,
+#                                     dtypes and arguments after -- (bench-TAG-base.json/txt;
+#                                     BASE_COMMIT names it); then
 #                                     this tree is built and everything else runs as usual
 #   --ncu SPECS      [NCU_SPECS]      after the benchmark, profile each CONFIG:PHASE:DTYPE[:LIB] of the
 #                                     comma-separated list with Nsight Compute (every kernel of one run
@@ -120,7 +121,7 @@ if [ -n "$BASE_TREE" ]; then
   if python3 -m pip install --no-build-isolation --no-deps -e "$BASE_TREE" >>"$SETUP" 2>&1; then
     bench_args "$(( (SESSION_SECONDS - 90 - SECONDS) / 2 ))"
     (cd "$BASE_TREE" && JAX_CGTP_GIT_COMMIT=${BASE_COMMIT:-unknown} python3 -m benchmarks.run "${args[@]}" \
-      --libs jax_cgtp --no-plots --tag "$TAG-base") >>"$SETUP" 2>&1
+      ${EXTRA[@]+"${EXTRA[@]}"} --libs jax_cgtp --no-plots --tag "$TAG-base") >>"$SETUP" 2>&1
     echo "base benchmark exit status $?" | tee -a "$SETUP"
   else
     echo "base tree build FAILED (see setup.log)" | tee -a "$SETUP"

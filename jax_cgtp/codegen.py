@@ -564,7 +564,7 @@ def _emit_edge_y(w: Writer, schedule: KernelSchedule):
     of one component across x blocks, holding every component in registers for the whole edge.
     In float32 that measured best (None: plain loads); in float64 it took two registers per
     component (l5-c32's forward spilled 2 KB per thread), so the loads go through ``__ldca``,
-    which NVRTC does not merge (0.68x the forward's time, H100)."""
+    which NVRTC does not merge (0.74x the forward's time, H100)."""
     joint = schedule.joint
     used = sorted({p.y_offset + nz[1] for *_, paths in joint.blocks for p in paths for nz in p.nonzeros})
     if len(used) > EDGE_Y_REGISTERS:

@@ -20,7 +20,8 @@ import pathlib
 from .operands import BATCHED, INDEXED, SHARED
 from .codegen_stream import emit_stream
 from .cuda_text import Writer, cg_sums, emit_edge_header, emit_transposed_sum, lane_row, literal, put, row_of
-from .schedule import CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, Contribution, Factor, JointPath, KernelSchedule, Slot, slot_chunks, stage_width
+from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, Contribution, Factor, JointPath, KernelSchedule,
+                       Slot, slot_chunks, stage_width)
 
 _HEADER = "cgtp_device.cuh"
 _BUFFERS = {"ring": "ring of weight items", "row": "output row summed over paths", "t": "t[u, k] of one item"}
@@ -603,7 +604,7 @@ def _weight_batches(schedule: KernelSchedule, paths) -> list[list[JointPath]]:
     per_path = len(schedule.joint.reads("w")) * schedule.itemsize // 4
     batches, used = [[]], 0
     for path in paths:
-        cost = per_path if path in _weighted(schedule, [path]) else 0
+        cost = per_path if path.w_offset is not None else 0
         if used + cost > CHUNK_WEIGHT_REGISTERS and batches[-1]:
             batches.append([])
             used = 0

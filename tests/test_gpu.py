@@ -171,6 +171,14 @@ def test_second_derivatives_of_the_product_match_reference(dtype):
 # ---- graph convolution
 
 
+def _assert_conv_members_match(cuda, reference, num_nodes, args, dtype):
+    """Every convolution family member on the kernels against the reference in float64 (the same
+    graph, its floating arrays cast), to the tolerance of ``dtype``."""
+    as64 = (a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args)
+    expected = jax.jit(functools.partial(conv_members, reference, num_nodes))(*as64)
+    assert_close(jax.jit(functools.partial(conv_members, cuda, num_nodes))(*args), expected, dtype)
+
+
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("seed", range(4))
@@ -178,9 +186,7 @@ def test_convolution_matches_reference(deterministic, dtype, seed):
     spec = random_problem(700 + seed, mode=("uvu", "uvw", "uvv", "uuu")[seed], lmax=3)
     cuda, reference = pair(spec, jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(seed), cuda, 50, 800, dtype, bad_fraction=0.05, shared=seed == 1)
-    expected = jax.jit(functools.partial(conv_members, reference, 50))(
-        *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
-    assert_close(jax.jit(functools.partial(conv_members, cuda, 50))(*args), expected, dtype)
+    _assert_conv_members_match(cuda, reference, 50, args, dtype)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
@@ -191,9 +197,7 @@ def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst, d
     walking each node's sorted run in the deterministic variant."""
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(43), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
-    expected = jax.jit(functools.partial(conv_members, reference, 300))(
-        *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
-    assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)
+    _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
@@ -203,9 +207,7 @@ def test_high_l_convolution_matches_reference(dtype, deterministic):
     in path groups."""
     cuda, reference = high_l_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(46), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=False)
-    expected = jax.jit(functools.partial(conv_members, reference, 300))(
-        *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
-    assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)
+    _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
@@ -215,9 +217,7 @@ def test_convolution_with_wide_blocks_matches_reference(dtype, sorted_by_dst):
     forward walks them path group by path group."""
     cuda, reference = wide_block_pair(jax_cgtp.TensorProductConv)
     args = random_graph(jax.random.PRNGKey(45), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
-    expected = jax.jit(functools.partial(conv_members, reference, 300))(
-        *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
-    assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)
+    _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
@@ -228,9 +228,7 @@ def test_weight_streams_of_the_convolution_match_reference(dtype, sorted_by_dst,
     run), x̄ added into source nodes, out-of-range edges giving zero ȳ and w̄ rows."""
     cuda, reference = fully_connected_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(48), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
-    expected = jax.jit(functools.partial(conv_members, reference, 300))(
-        *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
-    assert_close(jax.jit(functools.partial(conv_members, cuda, 300))(*args), expected, dtype)
+    _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -284,8 +282,7 @@ def test_deterministic_runs_longer_than_a_tile(joint):
     else:
         cuda, reference = pair(random_problem(734, mode="uvu", lmax=2), jax_cgtp.TensorProductConv, deterministic=True)
     args = random_graph(jax.random.PRNGKey(46), cuda, 5, 5000, jnp.float64, bad_fraction=0.05)
-    expected = jax.jit(functools.partial(conv_members, reference, 5))(*args)
-    assert_close(jax.jit(functools.partial(conv_members, cuda, 5))(*args), expected, jnp.float64)
+    _assert_conv_members_match(cuda, reference, 5, args, jnp.float64)
 
 
 @pytest.mark.parametrize("plan", ["slots", "joint", "stream"])

@@ -443,8 +443,8 @@ def _emit_joint(w: Writer, schedule: KernelSchedule) -> None:
     """A joint pass (:class:`~jax_cgtp.schedule.JointPass`): each edge's paths, block by block."""
     joint = schedule.joint
     outs = dict(joint.outputs)
-    if joint.by_destination:
-        (_emit_joint_scatter if set(outs) == {"z"} else _emit_joint_gather)(w, schedule)
+    if joint.walk:
+        (_emit_forward_walk if set(outs) == {"z"} else _emit_backward_walk)(w, schedule)
         return
     w()
     forward = set(outs) == {"z"}
@@ -682,23 +682,27 @@ def _emit_x_from_ahead(w: Writer, schedule: KernelSchedule, dim: int) -> bool:
     return dim > 1
 
 
-def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
-    """The joint forward of a convolution: per x block and chunk, the tile's edges in order, every
-    path's z chunk accumulated in registers over a run of one destination, added atomically
-    when the destination changes (edges sorted by ``dst`` make one flush per node and tile).
-    The next edge's x chunk and weights are loaded while the current edge computes."""
+def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
+    """The joint forward that walks the tile's edges: per x block (or group of its paths) and
+    chunk, the tile's edges in order. A convolution accumulates every path's z chunk in registers
+    over a run of one destination and adds it atomically when the destination changes (edges
+    sorted by ``dst`` make one flush per node and tile); a product writes each path's z chunk per
+    edge. The next edge's x chunk and weights are loaded while the current edge computes."""
     joint = schedule.joint
     z_out = schedule.outputs[dict(joint.outputs)["z"]]
+    held = z_out.kind == INDEXED  # z chunks kept across the edges of one destination
+    tracked = held and z_out.flush != "own"  # an owned run has one node: no row to track
     w()
-    w("// ---- joint forward, z scattered: each x chunk staged once per edge for all of its block's paths;")
-    w("// the paths' z chunks stay in registers while the destination node stays the same")
+    w("// ---- joint forward, walking the tile's edges: each x chunk staged once per edge for all of its")
+    w("// group's paths" + ("; their z chunks stay in registers while the destination node stays the same"
+                          if held else ", which write their z chunks"))
     y_values = _staged_y(schedule)
     if y_values:
         _emit_tile_y(w, schedule)
     for x_offset, mul, dim, paths in joint.blocks:
         _open_joint_chunks(w, x_offset, mul, dim, paths)
-        accumulators = _declare_z_chunks(w, paths)
-        if z_out.flush != "own":  # an owned run has one node: no row to track
+        accumulators = _declare_z_chunks(w, paths) if held else [None] * len(paths)
+        if tracked:
             w("long long cur = -1;")
         _emit_ahead(w, schedule, x_offset, dim, paths)
         w("#pragma unroll 1")
@@ -707,7 +711,7 @@ def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
         weights = _take_ahead(w, schedule, dim, paths)
         _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1")
         w("if (!ok) continue;")
-        if z_out.flush != "own":
+        if tracked:
             w.open("if (cur >= 0 && ix_z != cur)")
             _emit_z_flush(w, schedule, paths, accumulators, "cur")
             w.close()
@@ -721,10 +725,11 @@ def _emit_joint_scatter(w: Writer, schedule: KernelSchedule) -> None:
         if staged:
             w("__syncwarp();")
         w.close()
-        condition, row = _owned_end(z_out)
-        w.open(f"if ({condition})")
-        _emit_z_flush(w, schedule, paths, accumulators, row)
-        w.close()
+        if held:
+            condition, row = _owned_end(z_out)
+            w.open(f"if ({condition})")
+            _emit_z_flush(w, schedule, paths, accumulators, row)
+            w.close()
         w.close()
 
 
@@ -742,22 +747,23 @@ def _emit_z_flush(w: Writer, schedule: KernelSchedule, paths, accumulators, row:
         _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, row)
 
 
-def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
-    """The joint backward of a convolution: per x block and chunk, the tile's edges in order.
-    The block's z̄ chunks are staged in shared memory when the destination changes (edges sorted
-    by ``dst``: once per node and tile). The x chunks stay in registers, and x̄ accumulates,
-    while the source stays the same; x̄ is flushed (atomically, or by the warp that owns a
-    deterministic launch's source run) when it changes. w̄ is written per edge, and each edge's
-    ȳ summed over the warp into the tile's rows in shared memory, stored at the end. A z output
-    (the force loss's second derivative) accumulates in registers while the destination stays the
-    same, as in the forward. The next edge's weights, and its x chunks when its source differs,
-    are loaded while the current edge computes."""
+def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
+    """The joint backward that walks the tile's edges: per x block (or group of its paths) and
+    chunk, the tile's edges in order. The group's z̄ chunks are staged in shared memory when the
+    z row changes (a convolution's edges sorted by ``dst``: once per node and tile). The x chunks
+    stay in registers, and x̄ accumulates, while the x row stays the same; x̄ is flushed (stored,
+    atomically added, or written by the warp that owns a deterministic launch's source run; added
+    to by the later groups of its x block) when it changes. w̄ is written per edge, and each
+    edge's ȳ summed over the warp into the tile's rows in shared memory, stored at the end. A z
+    output (the force loss's second derivative) accumulates in registers while its row stays the
+    same, as in the forward. The next edge's weights, and its x chunks when its row differs, are
+    loaded while the current edge computes."""
     joint = schedule.joint
     outs = dict(joint.outputs)
     y_dim = schedule.call.problem.operand_dim("y")
     w()
-    w("// ---- joint backward, z̄ gathered: " + ", ".join(f"out{k} ({r})" for r, k in joint.outputs)
-      + "; the block's z̄ chunks stay staged while the destination node stays the same")
+    w("// ---- joint backward, walking the tile's edges: " + ", ".join(f"out{k} ({r})" for r, k in joint.outputs)
+      + "; the group's z̄ chunks stay staged while the z row stays the same")
     if "y" in outs:
         w(f"for (int q = lane; q < {WARP * y_dim}; q += 32) ysum[q] = T(0);")
         w("__syncwarp();")
@@ -765,10 +771,11 @@ def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
     if y_values:
         _emit_tile_y(w, schedule)
     xs = [joint.suffix("x", a) for a in joint.reads("x")]  # x̄ alone does not read x
-    x_row = row_of(schedule, "x")
+    x_row, z_row = row_of(schedule, "x"), row_of(schedule, "z")
     x_out = schedule.outputs[outs["x"]] if "x" in outs else None
     z_out = schedule.outputs[outs["z"]] if "z" in outs else None
-    for x_offset, mul, dim, paths in joint.blocks:
+    for n_block, (x_offset, mul, dim, paths) in enumerate(joint.blocks):
+        added = any(other[0] == x_offset for other in joint.blocks[:n_block])  # x̄ of an earlier group there
         _open_joint_chunks(w, x_offset, mul, dim, paths)
         w("long long cur = -1, cur_x = -1;")
         for s in xs:
@@ -794,12 +801,12 @@ def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
         w.close()
         w("const bool live = active;")
         _emit_joint_rows(w, schedule, ("z",) if y_values else ("y", "z"))
-        w.open("if (ix_z != cur)")
+        w.open(f"if ({z_row} != cur)")
         if z_out is not None and z_out.flush != "own":  # an owned run has one destination node
             w.open("if (cur >= 0)")
             _emit_z_flush(w, schedule, paths, accumulators, "cur")
             w.close()
-        w("cur = ix_z;")
+        w(f"cur = {z_row};")
         w("__syncwarp();")
         staged_z, offset = [], 0
         for path in paths:
@@ -813,7 +820,7 @@ def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
         w.open(f"if ({x_row} != cur_x)")
         if "x" in outs and x_out.flush != "own":  # an owned run has one source node
             w.open("if (cur_x >= 0)")
-            _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x")
+            _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x", add=added)
             w.close()
         w(f"cur_x = {x_row};")
         if xs:
@@ -838,7 +845,7 @@ def _emit_joint_gather(w: Writer, schedule: KernelSchedule) -> None:
         if "x" in outs:
             condition, row = _owned_end(x_out, "cur_x")
             w.open(f"if ({condition})")
-            _emit_joint_flush(w, schedule, "x", x_offset, dim, row=row)
+            _emit_joint_flush(w, schedule, "x", x_offset, dim, row=row, add=added)
             w.close()
         if z_out is not None:
             condition, row = _owned_end(z_out)
@@ -997,10 +1004,11 @@ def _emit_joint_chunk(w: Writer, schedule: KernelSchedule, role: str, offset: in
 
 
 def _emit_joint_flush(w: Writer, schedule: KernelSchedule, role: str, offset: int, dim: int,
-                      names=None, row: str | None = None) -> None:
+                      names=None, row: str | None = None, add: bool = False) -> None:
     """Write (BATCHED) or atomically add (INDEXED) this chunk's values (``names``, by default
     ``g{role}_q``) to the block at ``offset`` of row ``row`` (by default this edge's row, guarded
-    by ``ok``); values added to an explicit ``row`` are reset to zero."""
+    by ``ok``); values added to an explicit ``row`` are reset to zero. ``add``: the block already
+    holds an earlier group's part, which a write adds to."""
     k = dict(schedule.joint.outputs)[role]
     out = schedule.outputs[k]
     names = names or [f"g{role}_{q}" for q in range(dim)]
@@ -1010,7 +1018,7 @@ def _emit_joint_flush(w: Writer, schedule: KernelSchedule, role: str, offset: in
     w.open("")
     w(f"T* const dst_{role} = out{k} + {row} * {out.dim}LL + {offset};")
     if dim == 1:
-        w(f"if ({guard}active) {put(out, f'dst_{role} + lc', names[0])}")
+        w(f"if ({guard}active) {put(out, f'dst_{role} + lc', names[0], add)}")
     else:
         w.open("if (active)")
         for q, a in enumerate(names):
@@ -1020,7 +1028,7 @@ def _emit_joint_flush(w: Writer, schedule: KernelSchedule, role: str, offset: in
         w("#pragma unroll")
         w.open(f"for (int r = 0; r < {dim}; ++r)")
         w("const int q = r * 32 + lane;")
-        w(f"if ({guard}q < nrows * {dim}) {put(out, f'dst_{role} + c * {WARP * dim} + q', 'obuf[q]')}")
+        w(f"if ({guard}q < nrows * {dim}) {put(out, f'dst_{role} + c * {WARP * dim} + q', 'obuf[q]', add)}")
         w.close()
         w("__syncwarp();")
     if reset:

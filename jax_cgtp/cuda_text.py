@@ -32,8 +32,11 @@ def literal(value: float, dtype: str) -> str:
     return f"{value:.17e}" if dtype == "double" else f"{value:.9e}f"
 
 
-def put(out, address: str, value: str) -> str:
-    """The statement that flushes ``value`` to ``address`` of output ``out`` (a KernelOutput)."""
+def put(out, address: str, value: str, add: bool = False) -> str:
+    """The statement that flushes ``value`` to ``address`` of output ``out`` (a KernelOutput);
+    with ``add``, a write (stored or owned) adds to what an earlier flush of the warp wrote there."""
+    if add and out.flush in ("store", "own"):
+        return f"cgtp_own({address}, {value}, false);"
     fresh = ", fresh" if out.flush == "own" else ""
     return f"cgtp_{out.flush}({address}, {value}{fresh});"
 

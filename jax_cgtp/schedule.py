@@ -63,6 +63,23 @@ MAX_Z_COMPONENTS = 64
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs
 # (H100). With l <= 5 (36 components) they pushed its backward from 168 to 255 registers, spilled.
 EDGE_Y_REGISTERS = 16
+# A joint pass with more CG code than this (its paths' nonzeros times its terms) does not fit in the
+# SM's instruction cache: l5-c32's product (5,265 for the forward, 15,795 for the fused backward)
+# spent 16 of 25 and 9 of 16 cycles per issued instruction waiting for instructions (H100). Such
+# a pass walks the tile's edges inside each group of paths of at most WALK_GROUP_TERMS, so that
+# the group's code serves every edge of the tile in turn. The other public configs have at most
+# 3,666 (nequip-revmd17-benzene's backward). On l5-c32 (H100, float32, 50,000 edges), groups of
+# 512, 1,024, 2,048 and 4,096 terms took the product's backward 7.7, 6.7, 8.7 and 9.4 ms (9.5
+# before) and its forward 2.6, 2.5, 2.5 and 2.5 (3.7 before). The convolution's walks, which hold
+# a group's z chunks or z̄ staging across edges, did best with 512: 1.31, 5.26 and 5.89 ms for
+# conv_fwd, conv_bwd and conv_dbwd, against 1.63, 5.60 and 6.39 with 1,024 (1.63, 7.95 and 7.68
+# before). Tiles of 16 edges, against 32, took the product's fused backward 0.73-0.77x the time
+# (its 255 registers leave 8 warps per SM, and 32-edge tiles end in a partial wave), and every
+# float64 pass 0.83-0.86x; the float32 forward 1.06x.
+WALK_TERMS = 4096
+WALK_GROUP_TERMS = 1024
+WALK_GROUP_TERMS_BY_DESTINATION = 512
+WALK_TILE = 16  # edges per tile of a product's walk
 # They load the weights of a chunk's weighted paths at once, in batches of at most this many
 # registers (12 paths in float64), so that l <= 5 blocks (24 paths) do not spill.
 CHUNK_WEIGHT_REGISTERS = 24
@@ -196,13 +213,15 @@ class JointPass:
     path's z chunk at once. The fused backward adds to x̄ (lanes), ȳ (per-lane partials, summed
     over the warp) and w̄ (lanes, written at once).
 
-    ``by_destination`` (a convolution, ``z`` or ``z̄`` indexed by ``dst``): inside each chunk the
-    pass walks the tile's edges in order, with the tile's y rows staged once per tile and each
-    edge's x chunk and weights loaded while the previous edge computes. It keeps every path's z
-    chunk while the destination stays the same: the forward accumulates the chunk in registers
-    and adds it when the destination changes; the backward stages the block's ``z̄[dst]`` chunks in shared memory once per run,
-    keeps the x chunk and accumulates x̄ while the source stays the same, and sums each edge's
-    ȳ over the chunks in shared memory. Edges sorted by ``dst`` make one z run per node and
+    ``walk``: inside each chunk the pass walks the tile's edges in order, with the tile's y rows
+    staged once per tile and each edge's x chunk and weights loaded while the previous edge
+    computes. A product walks when its code is long (a group's code then serves every edge of the
+    tile): x̄ and z are written per edge, x̄ added to by the later groups of its x block.
+    ``by_destination`` (a convolution, ``z`` or ``z̄`` indexed by ``dst``; it always walks) keeps
+    every path's z chunk while the destination stays the same: the forward accumulates the chunk
+    in registers and adds it when the destination changes; the backward stages the block's
+    ``z̄[dst]`` chunks in shared memory once per run, keeps the x chunk and accumulates x̄ while
+    the source stays the same, and sums each edge's ȳ over the chunks in shared memory. Edges sorted by ``dst`` make one z run per node and
     tile; a launch over sorted runs walks one node's edges (by ``dst`` for z, by ``src`` for
     x̄), whose row only its warp writes, once.
 
@@ -223,6 +242,7 @@ class JointPass:
     y_blocks: tuple[tuple[int, int], ...]
     terms: tuple[JointTerm, ...]
     by_destination: bool = False
+    walk: bool = False  # inside each chunk, the tile's edges in order (every pass by destination)
 
     def reads(self, role: str) -> tuple[int, ...]:
         """The call inputs of ``role`` that the pass reads."""
@@ -446,7 +466,9 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
 
     A forward by destination walks an x block's paths in groups, each group a block of its own:
     at most :data:`MAX_Z_COMPONENTS` z components, and :data:`SCATTER_Z_COMPONENTS` for the
-    atomic walk in float64.
+    atomic walk in float64. A pass of more than :data:`WALK_TERMS` CG terms walks the tile's
+    edges too (a product's as well), in groups of at most :data:`WALK_GROUP_TERMS` (a product)
+    or :data:`WALK_GROUP_TERMS_BY_DESTINATION` (a convolution).
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs):
@@ -477,24 +499,31 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
                                    tuple(cg_nonzeros(problem, ins))))
         if paths:
             blocks.append((problem.irreps_in1[:i1].dim, mul_ir.mul, mul_ir.ir.dim, tuple(paths)))
+    limits = []
     if set(roles) == {"z"} and by_destination:
         limit = MAX_Z_COMPONENTS
         if outputs[0].flush == "atomic":
             limit = min(limit, SCATTER_Z_COMPONENTS.get(itemsize, limit))
-        blocks = _split_paths(blocks, limit)
+        limits.append(lambda group: sum(p.z_dim for p in group) <= limit)
+    long_code = len(terms) * sum(len(p.nonzeros) for *_, paths in blocks for p in paths) > WALK_TERMS
+    if long_code:
+        budget = WALK_GROUP_TERMS_BY_DESTINATION if by_destination else WALK_GROUP_TERMS
+        limits.append(lambda group: len(terms) * sum(len(p.nonzeros) for p in group) <= budget)
+    blocks = _split_paths(blocks, lambda group: all(fits(group) for fits in limits))
     y_blocks = sorted({(p.y_offset, p.y_dim) for _, _, _, paths in blocks for p in paths})
-    return JointPass(tuple(sorted(roles.items())), arrays, tuple(blocks), tuple(y_blocks), terms, by_destination)
+    return JointPass(tuple(sorted(roles.items())), arrays, tuple(blocks), tuple(y_blocks), terms, by_destination,
+                     by_destination or long_code)
 
 
-def _split_paths(blocks, components: int):
-    """Each x block's paths in consecutive groups whose z chunks have at most ``components``
-    components together (a path wider than that is a group of its own); every group is a block of
-    its own, so a walk holds only one group's z chunks in registers."""
+def _split_paths(blocks, fits):
+    """Each x block's paths in consecutive groups for which ``fits(paths)`` holds (a path that
+    alone does not is a group of its own); every group is a block of its own, so a walk holds only
+    one group's z chunks in registers, and runs one group's code at a time."""
     result = []
     for x_offset, mul, dim, paths in blocks:
         groups = [[]]
         for p in paths:
-            if groups[-1] and sum(q.z_dim for q in groups[-1]) + p.z_dim > components:
+            if groups[-1] and not fits(groups[-1] + [p]):
                 groups.append([])
             groups[-1].append(p)
         result += [(x_offset, mul, dim, tuple(group)) for group in groups]
@@ -517,11 +546,11 @@ def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool) -> tuple[dict[st
                     stage[role] = max(stage.get(role, 0), WARP * stage_width(dim))
             out_dims = ([x_dim] if backward else []) + ([p.z_dim] if "z" in outputs else [])
             transpose = max([transpose] + [WARP * d for d in out_dims if d > 1])
-        if backward and joint.by_destination:  # the z̄ chunks of all of the block's paths at once
+        if backward and joint.walk:  # the z̄ chunks of all of the block's paths at once
             stage["z"] = max(stage.get("z", 0), sum(WARP * stage_width(p.z_dim) for p in paths))
     if stage_y:  # one set of rows per y input
         stage["y"] = WARP * y_dim * len(joint.reads("y"))
-    edge_sums = WARP * y_dim if joint.by_destination and "y" in outputs else 0
+    edge_sums = WARP * y_dim if joint.walk and "y" in outputs else 0
     return stage, transpose, edge_sums
 
 
@@ -681,6 +710,8 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
         stream = weight_stream(call, outputs, itemsize) if joint is None else None
         if segment_role or (joint is not None and joint.by_destination):  # runs of one node to walk
             tile = TILE_INDEXED
+        elif joint is not None and joint.walk:
+            tile = WALK_TILE
         elif stream is not None:
             tile = TILE_STREAM
         elif any(o.kind == SHARED for o in outputs):
@@ -700,7 +731,7 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
         )
         edge_sums = 0
         if joint is not None:
-            stage_y = joint.by_destination and bool(joint.reads("y")) and call.kind("y") == BATCHED
+            stage_y = joint.walk and bool(joint.reads("y")) and call.kind("y") == BATCHED
             stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y)
         if stream is not None:
             stage, transpose = stream_buffers(stream, call.problem), 0

@@ -62,6 +62,16 @@ def high_l_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     return _same_problem_pair(tp, cls, kernels, options)
 
 
+def long_code_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
+    """Spherical harmonics up to l = 5 and x blocks of l = 2 to 5, outputs up to l = 5: 4,885 CG
+    nonzeros, more code than a joint pass runs edge by edge, so every joint pass walks the tile's
+    edges in groups of paths. 33 channels of 3o: two chunks. On the kernels' backend and on the
+    reference."""
+    tp = jax_cgtp.channelwise_tensor_product("2x2e+33x3o+2x4e+2x5o", "0e+1o+2e+3o+4e+5o",
+                                             filter_ir_out=[f"{l}{p}" for l in range(6) for p in "eo"])
+    return _same_problem_pair(tp, cls, kernels, options)
+
+
 def fully_connected_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     """A DiffDock-like product (``uvw`` over spherical harmonics) whose forward and backwards with
     per-edge weights are weight streams: 40 x channels make several weight items per path, 35

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
-from family_members import backward_call, high_l_pair
+from family_members import backward_call, high_l_pair, long_code_pair
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -124,7 +124,7 @@ def test_convolution_backward_keeps_each_destination_staged(dtype):
     (kernel,) = schedule.plan(backward_call(mace_problem(), kinds, rows=(10, None, None, 10)), dtype, "int")
     assert kernel.joint.by_destination and kernel.edge_sums_size == schedule.WARP * 16
     source = codegen.generate(kernel)
-    assert "z̄ gathered" in source and "if (ix_z != cur)" in source
+    assert "joint backward, walking the tile's edges" in source and "if (ix_z != cur)" in source
     assert source.count("__shfl_xor_sync(CGTP_FULL_MASK, up16") == 3 * 8  # 16 ȳ values per x block
     if nvrtc.available():
         assert nvrtc.compile_cubin(source, "sm_90", "the convolution's joint backward")
@@ -168,6 +168,34 @@ def test_forward_by_destination_holds_at_most_64_z_components(dtype, determinist
     assert [x_offset for x_offset, *_ in kernel.joint.blocks].count(2) > 1
     order = [p.ins_index for *_, paths in kernel.joint.blocks for p in paths]
     assert order == sorted(order) and len(order) == len(problem.instructions)
+
+
+@pytest.mark.parametrize("dtype", ["float", "double"])
+def test_long_code_walks_the_tile_in_path_groups(dtype):
+    """``long_code_pair`` has 4,885 CG nonzeros: its forward (one term) and fused backward (three)
+    walk tiles of 16 edges, each x block in consecutive groups of at most 1,024 terms (a path
+    with more alone), the paths in order, and the convolution's walk by destination groups of
+    at most 512; mace-l2-c128's 351 keep one edge per tile."""
+    problem = long_code_pair(kernels="auto")[0].problem
+    for call in (forward_call(problem, (BATCHED,) * 4), backward_call(problem, (BATCHED,) * 4)):
+        (kernel,) = schedule.plan(call, dtype, "int")
+        assert kernel.joint.walk and not kernel.joint.by_destination and kernel.tile == schedule.WALK_TILE == 16
+        terms = len(kernel.joint.terms)
+        groups = [paths for *_, paths in kernel.joint.blocks]
+        assert all(terms * sum(len(p.nonzeros) for p in g) <= schedule.WALK_GROUP_TERMS or len(g) == 1 for g in groups)
+        assert len(groups) > len({x_offset for x_offset, *_ in kernel.joint.blocks})
+        order = [p.ins_index for g in groups for p in g]
+        assert order == sorted(order) and len(order) == len(problem.instructions)
+        source = codegen.generate(kernel)
+        assert "walking the tile's edges" in source
+        if nvrtc.available():
+            assert nvrtc.compile_cubin(source, "sm_90", "a walk over long code")
+    call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10))
+    (conv,) = schedule.plan(call, dtype, "int")
+    assert conv.tile == schedule.TILE_INDEXED and len(conv.joint.blocks) > len(kernel.joint.blocks)
+    assert all(3 * sum(len(p.nonzeros) for p in paths) <= 512 or len(paths) == 1 for *_, paths in conv.joint.blocks)
+    (short,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), dtype, "int")
+    assert not short.joint.walk and short.tile == 1
 
 
 @pytest.mark.parametrize("dtype, batches", [("float", [19]), ("double", [12, 7])])

@@ -17,7 +17,7 @@ from family_members import (assert_close, conv_members, conv_second_derivatives,
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
-from jax_cgtp import schedule
+from jax_cgtp import cuda_lowering, schedule
 from jax_cgtp.problem import MODES
 
 import kernel_emulator
@@ -165,6 +165,57 @@ def test_members_of_a_high_l_product_match_reference():
         keys, (kernels.irreps_in1.dim, kernels.irreps_in2.dim, kernels.weight_numel, kernels.irreps_out.dim)))
     assert_close(jax.jit(functools.partial(members, kernels))(x, y, w, g),
                  jax.jit(functools.partial(members, reference))(x, y, w, g), jnp.float64)
+
+
+@pytest.fixture
+def long_code(monkeypatch):
+    """Joint passes of more than 100 CG terms walk the tile's edges in groups of at most 150: the
+    high-l pair's then walk (at the thresholds of the library only l <= 5 products do). Plans are
+    cached per call, so the cache is cleared before and after."""
+    monkeypatch.setattr(schedule, "WALK_TERMS", 100)
+    monkeypatch.setattr(schedule, "WALK_GROUP_TERMS", 150)
+    monkeypatch.setattr(schedule, "WALK_GROUP_TERMS_BY_DESTINATION", 150)
+    cuda_lowering._plan.cache_clear()
+    yield
+    cuda_lowering._plan.cache_clear()
+
+
+def _walked_in_groups(before):
+    """The joint passes launched since ``before`` all walk, and one of them splits an x block."""
+    joint = [k.joint for k in kernel_emulator.launched()[before:] if k.joint is not None]
+    assert joint and all(j.walk for j in joint)
+    assert any(len(j.blocks) > len({x_offset for x_offset, *_ in j.blocks}) for j in joint)
+    return joint
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_product_with_long_code_walks_the_tile_in_path_groups(dtype, long_code):
+    """Every member of the product, its passes walking 37 edges (a full tile and 5) group by
+    group: z written per edge and group, x̄ stored by a block's first group and added to by the
+    later ones, ȳ summed over the groups in the tile's rows."""
+    kernels, reference = high_l_pair(kernels="auto")
+    keys = jax.random.split(jax.random.PRNGKey(54), 4)
+    x, y, w, g = (jax.random.normal(k, (37, d), dtype) for k, d in zip(
+        keys, (kernels.irreps_in1.dim, kernels.irreps_in2.dim, kernels.weight_numel, kernels.irreps_out.dim)))
+    before = _launches()
+    actual = jax.jit(functools.partial(members, kernels))(x, y, w, g)
+    outputs = [dict(j.outputs) for j in _walked_in_groups(before)]
+    assert {"z": 0} in outputs and {"x": 0, "y": 1, "w": 2} in outputs
+    as64 = [a.astype(jnp.float64) for a in (x, y, w, g)]
+    assert_close(actual, jax.jit(functools.partial(members, reference))(*as64), dtype)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_convolution_with_long_code_walks_path_groups(deterministic, long_code):
+    """The convolution's passes in groups: x̄ of a source added atomically by every group, or, in
+    the deterministic walk by source, written by the run's first group and added to by the
+    later ones."""
+    kernels, reference = high_l_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(55), kernels, 9, 50, jnp.float64, bad_fraction=0.1)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
+    _walked_in_groups(before)
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])

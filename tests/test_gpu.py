@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, high_l_pair,
-                            members, pair, random_graph, relative_error, second_derivatives, spherical_harmonics_pair,
-                            squared_norm_and_gradients, wide_block_pair)
+                            long_code_pair, members, pair, random_graph, relative_error, second_derivatives,
+                            spherical_harmonics_pair, squared_norm_and_gradients, wide_block_pair)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -156,6 +156,18 @@ def test_joint_passes_and_weight_streams_match_reference(pairing, dtype):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_long_code_walks_match_reference(dtype):
+    """l <= 5 harmonics (4,885 CG nonzeros): every joint pass of the product walks tiles of
+    edges path group by path group; 1001 edges (62 tiles and 9 edges)."""
+    cuda, reference = long_code_pair()
+    keys = jax.random.split(jax.random.PRNGKey(56), 4)
+    x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
+        keys, (cuda.irreps_in1.dim, cuda.irreps_in2.dim, cuda.weight_numel, cuda.irreps_out.dim)))
+    expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))
+    assert_close(jax.jit(functools.partial(members, cuda))(x, y, w, g), expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_second_derivatives_of_the_product_match_reference(dtype):
     """The force loss's second derivative when x, y and w all depend on the positions: joint
     passes producing x̄, ȳ and w̄, and z, from both versions of x, y and w; two paths without
@@ -207,6 +219,15 @@ def test_high_l_convolution_matches_reference(dtype, deterministic):
     in path groups."""
     cuda, reference = high_l_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(46), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=False)
+    _assert_conv_members_match(cuda, reference, 300, args, dtype)
+
+
+@pytest.mark.parametrize("dtype, deterministic", [(jnp.float64, False), (jnp.float64, True), (jnp.float32, False)])
+def test_convolution_with_long_code_matches_reference(dtype, deterministic):
+    """l <= 5 harmonics (4,885 CG nonzeros): the walks by destination (and by source) take each
+    x block in groups of paths, x̄ added to by every group."""
+    cuda, reference = long_code_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(57), cuda, 300, 3000, dtype, bad_fraction=0.05)
     _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 

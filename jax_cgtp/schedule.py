@@ -74,8 +74,8 @@ EDGE_Y_REGISTERS = 16
 # a group's z chunks or z̄ staging across edges, did best with 512: 1.31, 5.26 and 5.89 ms for
 # conv_fwd, conv_bwd and conv_dbwd, against 1.63, 5.60 and 6.39 with 1,024 (1.63, 7.95 and 7.68
 # before). Tiles of 16 edges, against 32, took the product's fused backward 0.73-0.77x the time
-# (its 255 registers leave 8 warps per SM, and 32-edge tiles end in a partial wave), and every
-# float64 pass 0.83-0.86x; the float32 forward 1.06x.
+# (its 255 registers leave 8 warps per SM, and 32-edge tiles end in a partial wave), its double
+# backward 0.91-1.02x, every float64 pass 0.84-0.92x, and the float32 forward 1.06x.
 WALK_TERMS = 4096
 WALK_GROUP_TERMS = 1024
 WALK_GROUP_TERMS_BY_DESTINATION = 512

@@ -141,26 +141,15 @@ def test_auto_with_shared_uvw_weights_matches_reference(dtype):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-@pytest.mark.parametrize("pairing", [spherical_harmonics_pair, high_l_pair, fully_connected_pair])
+@pytest.mark.parametrize("pairing", [spherical_harmonics_pair, high_l_pair, long_code_pair, fully_connected_pair])
 def test_joint_passes_and_weight_streams_match_reference(pairing, dtype):
     """Spherical-harmonics paths: forward, fused backward and ȳ alone run as joint passes (``uvu``;
     with l = 4 harmonics each path loads its y components, and float64 loads a wide block's
-    weights in batches) or stream the per-edge weights through shared memory (``uvw``: x̄ alone
-    too); 1001 edges."""
+    weights in batches; with l = 5 harmonics every pass walks tiles of edges path group by path
+    group) or stream the per-edge weights through shared memory (``uvw``: x̄ alone too); 1001
+    edges."""
     cuda, reference = pairing()
     keys = jax.random.split(jax.random.PRNGKey(42), 4)
-    x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
-        keys, (cuda.irreps_in1.dim, cuda.irreps_in2.dim, cuda.weight_numel, cuda.irreps_out.dim)))
-    expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))
-    assert_close(jax.jit(functools.partial(members, cuda))(x, y, w, g), expected, dtype)
-
-
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_long_code_walks_match_reference(dtype):
-    """l <= 5 harmonics (4,885 CG nonzeros): every joint pass of the product walks tiles of
-    edges path group by path group; 1001 edges (62 tiles and 9 edges)."""
-    cuda, reference = long_code_pair()
-    keys = jax.random.split(jax.random.PRNGKey(56), 4)
     x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
         keys, (cuda.irreps_in1.dim, cuda.irreps_in2.dim, cuda.weight_numel, cuda.irreps_out.dim)))
     expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))

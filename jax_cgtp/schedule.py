@@ -221,9 +221,9 @@ class JointPass:
     every path's z chunk while the destination stays the same: the forward accumulates the chunk
     in registers and adds it when the destination changes; the backward stages the block's
     ``z̄[dst]`` chunks in shared memory once per run, keeps the x chunk and accumulates x̄ while
-    the source stays the same, and sums each edge's ȳ over the chunks in shared memory. Edges sorted by ``dst`` make one z run per node and
-    tile; a launch over sorted runs walks one node's edges (by ``dst`` for z, by ``src`` for
-    x̄), whose row only its warp writes, once.
+    the source stays the same, and sums each edge's ȳ over the chunks in shared memory. Edges
+    sorted by ``dst`` make one z run per node and tile; a launch over sorted runs walks one
+    node's edges (by ``dst`` for z, by ``src`` for x̄), whose row only its warp writes, once.
 
     An output may be a sum of terms over several inputs of a role (the force loss's second
     derivative: z from ``T(ẋ, y, w) + T(x, ẏ, w) + T(x, y, ẇ)``, next to x̄ and w̄ in a walk by
@@ -505,10 +505,14 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
         if outputs[0].flush == "atomic":
             limit = min(limit, SCATTER_Z_COMPONENTS.get(itemsize, limit))
         limits.append(lambda group: sum(p.z_dim for p in group) <= limit)
-    long_code = len(terms) * sum(len(p.nonzeros) for *_, paths in blocks for p in paths) > WALK_TERMS
+
+    def code(group):  # CG terms: the group's nonzeros, once per term of the pass
+        return len(terms) * sum(len(p.nonzeros) for p in group)
+
+    long_code = code([p for *_, paths in blocks for p in paths]) > WALK_TERMS
     if long_code:
         budget = WALK_GROUP_TERMS_BY_DESTINATION if by_destination else WALK_GROUP_TERMS
-        limits.append(lambda group: len(terms) * sum(len(p.nonzeros) for p in group) <= budget)
+        limits.append(lambda group: code(group) <= budget)
     blocks = _split_paths(blocks, lambda group: all(fits(group) for fits in limits))
     y_blocks = sorted({(p.y_offset, p.y_dim) for _, _, _, paths in blocks for p in paths})
     return JointPass(tuple(sorted(roles.items())), arrays, tuple(blocks), tuple(y_blocks), terms, by_destination,
@@ -546,7 +550,7 @@ def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool) -> tuple[dict[st
                     stage[role] = max(stage.get(role, 0), WARP * stage_width(dim))
             out_dims = ([x_dim] if backward else []) + ([p.z_dim] if "z" in outputs else [])
             transpose = max([transpose] + [WARP * d for d in out_dims if d > 1])
-        if backward and joint.walk:  # the z̄ chunks of all of the block's paths at once
+        if backward and joint.walk:  # the z̄ chunks of all of the group's paths at once
             stage["z"] = max(stage.get("z", 0), sum(WARP * stage_width(p.z_dim) for p in paths))
     if stage_y:  # one set of rows per y input
         stage["y"] = WARP * y_dim * len(joint.reads("y"))

@@ -67,8 +67,8 @@ EDGE_Y_REGISTERS = 16
 # SM's instruction cache: l5-c32's product (5,265 for the forward, 15,795 for the fused backward)
 # spent 16 of 25 and 9 of 16 cycles per issued instruction waiting for instructions (H100). Such
 # a pass walks the tile's edges inside each group of paths of at most WALK_GROUP_TERMS, so that
-# the group's code serves every edge of the tile in turn. The other public configs have at most
-# 3,666 (nequip-revmd17-benzene's backward). On l5-c32 (H100, float32, 50,000 edges), groups of
+# the group's code serves every edge of the tile in turn. The other public configs' passes of one
+# term have at most 1,222 (nequip-revmd17-benzene's). On l5-c32 (H100, float32, 50,000 edges), groups of
 # 512, 1,024, 2,048 and 4,096 terms took the product's backward 7.7, 6.7, 8.7 and 9.4 ms (9.5
 # before) and its forward 2.6, 2.5, 2.5 and 2.5 (3.7 before). The convolution's walks, which hold
 # a group's z chunks or z̄ staging across edges, did best with 512: 1.31, 5.26 and 5.89 ms for
@@ -76,8 +76,19 @@ EDGE_Y_REGISTERS = 16
 # before). Tiles of 16 edges, against 32, took the product's fused backward 0.73-0.77x the time
 # (its 255 registers leave 8 warps per SM, and 32-edge tiles end in a partial wave), its double
 # backward 0.91-1.02x, every float64 pass 0.84-0.92x, and the float32 forward 1.06x.
+# A pass of several terms (the fused backward, x̄ and w̄ of the double backward) gains from the walk
+# well below that: walking above MULTI_TERM_WALK_TERMS took the fused backward of
+# nequip-revmd17-benzene (3,666 terms) 0.61-0.65x its time, mace-l2-c128's (1,053) 0.89-0.92x,
+# sevennet-l3-c32's (1,833) 0.87x in float64 (1.02x in float32), and the double backward 0.77-0.98x
+# (H100, same call). Passes of one term lost 2-8% when they walked from 600 or 1,000 terms, and a
+# fused backward of 822 terms (nequip-lips) 7% in float32.
+# A convolution's pass always walks; it splits its x blocks into groups of at most
+# WALK_GROUP_TERMS_BY_DESTINATION above GROUPED_TERMS_BY_DESTINATION (groups made
+# nequip-revmd17-benzene's conv_bwd, 3,666 terms, 1.21x slower in float32).
 WALK_TERMS = 4096
+MULTI_TERM_WALK_TERMS = 1000
 WALK_GROUP_TERMS = 1024
+GROUPED_TERMS_BY_DESTINATION = 4096
 WALK_GROUP_TERMS_BY_DESTINATION = 512
 WALK_TILE = 16  # edges per tile of a product's walk
 # They load the weights of a chunk's weighted paths at once, in batches of at most this many
@@ -466,9 +477,11 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
 
     A forward by destination walks an x block's paths in groups, each group a block of its own:
     at most :data:`MAX_Z_COMPONENTS` z components, and :data:`SCATTER_Z_COMPONENTS` for the
-    atomic walk in float64. A pass of more than :data:`WALK_TERMS` CG terms walks the tile's
-    edges too (a product's as well), in groups of at most :data:`WALK_GROUP_TERMS` (a product)
-    or :data:`WALK_GROUP_TERMS_BY_DESTINATION` (a convolution).
+    atomic walk in float64. A product's pass of more than :data:`WALK_TERMS` CG terms
+    (:data:`MULTI_TERM_WALK_TERMS` with several terms) walks the tile's edges too, in groups of at
+    most :data:`WALK_GROUP_TERMS`; a convolution's pass of more than
+    :data:`GROUPED_TERMS_BY_DESTINATION` walks in groups of at most
+    :data:`WALK_GROUP_TERMS_BY_DESTINATION`.
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs):
@@ -509,14 +522,16 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
     def code(group):  # CG terms: the group's nonzeros, once per term of the pass
         return len(terms) * sum(len(p.nonzeros) for p in group)
 
-    long_code = code([p for *_, paths in blocks for p in paths]) > WALK_TERMS
-    if long_code:
-        budget = WALK_GROUP_TERMS_BY_DESTINATION if by_destination else WALK_GROUP_TERMS
-        limits.append(lambda group: code(group) <= budget)
+    total = code([p for *_, paths in blocks for p in paths])
+    if by_destination and total > GROUPED_TERMS_BY_DESTINATION:
+        limits.append(lambda group: code(group) <= WALK_GROUP_TERMS_BY_DESTINATION)
+    walk = by_destination or total > (WALK_TERMS if len(terms) == 1 else MULTI_TERM_WALK_TERMS)
+    if walk and not by_destination:
+        limits.append(lambda group: code(group) <= WALK_GROUP_TERMS)
     blocks = _split_paths(blocks, lambda group: all(fits(group) for fits in limits))
     y_blocks = sorted({(p.y_offset, p.y_dim) for _, _, _, paths in blocks for p in paths})
     return JointPass(tuple(sorted(roles.items())), arrays, tuple(blocks), tuple(y_blocks), terms, by_destination,
-                     by_destination or long_code)
+                     walk)
 
 
 def _split_paths(blocks, fits):

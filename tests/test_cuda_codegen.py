@@ -175,7 +175,8 @@ def test_long_code_walks_the_tile_in_path_groups(dtype):
     """``long_code_pair`` has 4,885 CG nonzeros: its forward (one term) and fused backward (three)
     walk tiles of 16 edges, each x block in consecutive groups of at most 1,024 terms (a path
     with more alone), the paths in order, and the convolution's walk by destination groups of
-    at most 512; mace-l2-c128's 351 keep one edge per tile."""
+    at most 512. A MACE forward keeps one edge per tile, and mace-l2-c128's fused backward (1,053
+    terms) walks in whole x blocks."""
     problem = long_code_pair(kernels="auto")[0].problem
     for call in (forward_call(problem, (BATCHED,) * 4), backward_call(problem, (BATCHED,) * 4)):
         (kernel,) = schedule.plan(call, dtype, "int")
@@ -196,6 +197,11 @@ def test_long_code_walks_the_tile_in_path_groups(dtype):
     assert all(3 * sum(len(p.nonzeros) for p in paths) <= 512 or len(paths) == 1 for *_, paths in conv.joint.blocks)
     (short,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), dtype, "int")
     assert not short.joint.walk and short.tile == 1
+    mace_l2_c128 = jax_cgtp.channelwise_tensor_product(
+        "128x0e+128x1o+128x2e", "0e+1o+2e+3o", filter_ir_out=[f"{l}{p}" for l in range(4) for p in "eo"]).problem
+    (several,) = schedule.plan(backward_call(mace_l2_c128, (BATCHED,) * 4), dtype, "int")
+    assert several.joint.walk and several.tile == schedule.WALK_TILE
+    assert len(several.joint.blocks) == len({x_offset for x_offset, *_ in several.joint.blocks})
 
 
 @pytest.mark.parametrize("dtype, batches", [("float", [19]), ("double", [12, 7])])

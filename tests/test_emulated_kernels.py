@@ -172,7 +172,8 @@ def long_code(monkeypatch):
     """Joint passes of more than 100 CG terms walk the tile's edges in groups of at most 150: the
     high-l pair's then walk (at the thresholds of the library only l <= 5 products do). Plans are
     cached per call, so the cache is cleared before and after."""
-    monkeypatch.setattr(schedule, "WALK_TERMS", 100)
+    for threshold in ("WALK_TERMS", "MULTI_TERM_WALK_TERMS", "GROUPED_TERMS_BY_DESTINATION"):
+        monkeypatch.setattr(schedule, threshold, 100)
     monkeypatch.setattr(schedule, "WALK_GROUP_TERMS", 150)
     monkeypatch.setattr(schedule, "WALK_GROUP_TERMS_BY_DESTINATION", 150)
     cuda_lowering._plan.cache_clear()

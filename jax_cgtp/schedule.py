@@ -68,12 +68,12 @@ EDGE_Y_REGISTERS = 16
 # spent 16 of 25 and 9 of 16 cycles per issued instruction waiting for instructions (H100). Such
 # a pass walks the tile's edges inside each group of paths of at most WALK_GROUP_TERMS, so that
 # the group's code serves every edge of the tile in turn. The other public configs' passes of one
-# term have at most 1,222 (nequip-revmd17-benzene's). On l5-c32 (H100, float32, 50,000 edges), groups of
-# 512, 1,024, 2,048 and 4,096 terms took the product's backward 7.7, 6.7, 8.7 and 9.4 ms (9.5
-# before) and its forward 2.6, 2.5, 2.5 and 2.5 (3.7 before). The convolution's walks, which hold
-# a group's z chunks or z̄ staging across edges, did best with 512: 1.31, 5.26 and 5.89 ms for
-# conv_fwd, conv_bwd and conv_dbwd, against 1.63, 5.60 and 6.39 with 1,024 (1.63, 7.95 and 7.68
-# before). Tiles of 16 edges, against 32, took the product's fused backward 0.73-0.77x the time
+# term have at most 1,222 (nequip-revmd17-benzene's). On l5-c32 (H100, float32, 50,000 edges),
+# groups of 512, 1,024, 2,048 and 4,096 terms took the product's backward 7.7, 6.7, 8.7 and 9.4 ms
+# (9.5 before) and its forward 2.6, 2.5, 2.5 and 2.5 (3.7 before). The convolution's walks, which
+# hold a group's z chunks or z̄ staging across edges, did best with 512: 1.31, 5.26 and 5.89 ms
+# for conv_fwd, conv_bwd and conv_dbwd, against 1.63, 5.60 and 6.39 with 1,024 (1.63, 7.95 and
+# 7.68 before). Tiles of 16 edges, against 32, took the product's fused backward 0.73-0.77x the time
 # (its 255 registers leave 8 warps per SM, and 32-edge tiles end in a partial wave), its double
 # backward 0.91-1.02x, every float64 pass 0.84-0.92x, and the float32 forward 1.06x.
 # A pass of several terms (the fused backward, x̄ and w̄ of the double backward) gains from the walk

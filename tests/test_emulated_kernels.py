@@ -169,9 +169,9 @@ def test_members_of_a_high_l_product_match_reference():
 
 @pytest.fixture
 def long_code(monkeypatch):
-    """Joint passes of more than 100 CG terms walk the tile's edges in groups of at most 150: the
-    high-l pair's then walk (at the thresholds of the library only l <= 5 products do). Plans are
-    cached per call, so the cache is cleared before and after."""
+    """Joint passes of more than 100 CG terms walk the tile's edges in groups of at most 150: all
+    of the high-l pair's then walk (at the library's thresholds only its passes of several terms
+    do, in whole x blocks). Plans are cached per call, so the cache is cleared before and after."""
     for threshold in ("WALK_TERMS", "MULTI_TERM_WALK_TERMS", "GROUPED_TERMS_BY_DESTINATION"):
         monkeypatch.setattr(schedule, threshold, 100)
     monkeypatch.setattr(schedule, "WALK_GROUP_TERMS", 150)

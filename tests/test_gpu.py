@@ -144,10 +144,10 @@ def test_auto_with_shared_uvw_weights_matches_reference(dtype):
 @pytest.mark.parametrize("pairing", [spherical_harmonics_pair, high_l_pair, long_code_pair, fully_connected_pair])
 def test_joint_passes_and_weight_streams_match_reference(pairing, dtype):
     """Spherical-harmonics paths: forward, fused backward and ȳ alone run as joint passes (``uvu``;
-    with l = 4 harmonics each path loads its y components, and float64 loads a wide block's
-    weights in batches; with l = 5 harmonics every pass walks tiles of edges path group by path
-    group) or stream the per-edge weights through shared memory (``uvw``: x̄ alone too); 1001
-    edges."""
+    with l = 4 harmonics each path of the forward loads its y components and float64 loads a wide
+    block's weights in batches, while the passes of several terms walk tiles of edges; with l = 5
+    harmonics every pass walks tiles of edges path group by path group) or stream the per-edge
+    weights through shared memory (``uvw``: x̄ alone too); 1001 edges."""
     cuda, reference = pairing()
     keys = jax.random.split(jax.random.PRNGKey(42), 4)
     x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(

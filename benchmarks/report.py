@@ -7,6 +7,11 @@ its own ``bench-<tag>.json``. Merge them and redraw with::
 
 Rows keep the index of the run they came from (``row["run"]``), so each row's floors stay those
 measured in its own run.
+
+A table assembled from many sessions names each row's source in a sources file, one row per line
+(see :func:`select`); rebuild it with::
+
+    python -m benchmarks.report --sources benchmarks/results/<device>/bench-sources.txt --out benchmarks/results/<device>
 """
 
 from __future__ import annotations
@@ -59,13 +64,62 @@ def merge(reports: list[dict]) -> dict:
     return merged
 
 
+def select(sources) -> dict:
+    """The report of the rows that the sources file ``sources`` names, in its order.
+
+    Each line other than blank ones and ``#`` comments is ``config phase dtype commit file``, and
+    optionally ``without-det``: the one row of ``config``, ``phase`` and ``dtype`` in ``file`` (a
+    bench JSON, relative to the sources file's folder), whose run must have recorded ``commit``;
+    ``without-det`` drops its jax_cgtp_det column. Each row keeps its own run (floors, peers).
+    """
+    sources = pathlib.Path(sources)
+    report = {"schema": SCHEMA, "runs": [], "libraries": {}, "rows": []}
+    runs: dict[tuple[str, int], int] = {}
+    for number, line in enumerate(sources.read_text().splitlines(), 1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        where = f"{sources}:{number}"
+        if len(fields) not in (5, 6) or fields[5:] not in ([], ["without-det"]):
+            raise ValueError(f"{where}: expected 'config phase dtype commit file [without-det]', got {line!r}")
+        config, phase, dtype, commit, name = fields[:5]
+        saved = json.loads((sources.parent / name).read_text())
+        if saved.get("schema") != SCHEMA:
+            raise ValueError(f"{where}: {name} is not a {SCHEMA} report")
+        found = [r for r in saved["rows"] if (r["config"], r["phase"], r["dtype"]) == (config, phase, dtype)]
+        if len(found) != 1:
+            raise ValueError(f"{where}: {name} has {len(found)} rows of {config} {phase} {dtype}, expected one")
+        row = json.loads(json.dumps(found[0]))
+        run = saved["runs"][row.get("run", 0)]
+        if run["git_commit"] != commit:
+            raise ValueError(f"{where}: the row of {name} was measured at {run['git_commit']}, not {commit}")
+        if fields[5:]:
+            for field in ("results", "speedup", "sync_speedup"):
+                row.get(field, {}).pop("jax_cgtp_det", None)
+        key = (name, row.get("run", 0))
+        if key not in runs:
+            runs[key] = len(report["runs"])
+            report["runs"].append(run)
+        for lib, info in saved["libraries"].items():
+            if lib not in report["libraries"] or info["status"] == "ok":
+                report["libraries"][lib] = info
+        report["rows"].append(dict(row, run=runs[key]))
+    return report
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("files", nargs="+", help="bench*.json files written by benchmarks.run")
+    parser.add_argument("files", nargs="*", help="bench*.json files written by benchmarks.run")
+    parser.add_argument("--sources", default=None, help="a sources file naming each row's file (see select)")
     parser.add_argument("--out", required=True, help="folder for the merged bench.json/.txt and plots")
     parser.add_argument("--tag", default=None, help="suffix of the written file names")
     args = parser.parse_args(argv)
-    report = merge([json.loads(pathlib.Path(f).read_text()) for f in args.files])
+    if bool(args.files) == bool(args.sources):
+        parser.error("give either bench JSON files or --sources")
+    if args.sources:
+        report = select(args.sources)
+    else:
+        report = merge([json.loads(pathlib.Path(f).read_text()) for f in args.files])
     paths = write(report, args.out, args.tag)
     print(table.render(report))
     print("\nwrote " + ", ".join(paths.values()))

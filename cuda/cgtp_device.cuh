@@ -7,6 +7,18 @@
 
 #define CGTP_FULL_MASK 0xffffffffu
 
+// `p`, its loads marked evict-first in L2 (rows read once, which then leave the rows that are
+// read again in L2). The loads stay ordinary loads to the compiler.
+__device__ __forceinline__ const T* cgtp_evict_first(const T* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return static_cast<const T*>(__nv_associate_access_property(p, policy));
+#else
+  return p;
+#endif
+}
+
 // Copy `count` contiguous elements (rows of `S` elements, at most 32 rows) into shared memory
 // rows of `SP` elements (SP odd, so that lane-strided reads hit distinct banks).
 template <int S, int SP>

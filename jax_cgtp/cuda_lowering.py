@@ -101,6 +101,13 @@ def _kernel_image(kernel: schedule.KernelSchedule, arch: str) -> tuple[np.ndarra
     return image, image_id
 
 
+def clear_kernel_caches() -> None:
+    """Forget planned launches and compiled kernel images, so that the next lowering generates them
+    anew (after a change to the scheduler's or the code generator's settings)."""
+    _plan.cache_clear()
+    _kernel_image.cache_clear()
+
+
 def _common_index_dtype(indices):
     if any(jnp.dtype(i.dtype) == jnp.int64 for i in indices):
         return jnp.int64, "long long"

@@ -115,3 +115,42 @@ def test_profile_counts_the_launches_that_jit_keeps(lower_for_sm90, capsys):
         profile.main(["tiny-uvu", phase, "float32", "--edges", "64", "--launches"])
         counts[phase] = int(capsys.readouterr().out)
     assert counts == {"conv_fwd": 1, "conv_bwd": 1, "conv_dbwd": 2}
+
+
+def test_ab_times_each_variant_of_a_setting_on_the_same_row():
+    from benchmarks import ab
+
+    rows = ab.main(["--configs", "tiny-uvu", "--phases", "conv_fwd", "--edges", "64", "--rounds", "2", "--calls", "2",
+                    "--variant", "base:", "--variant", "plain:jax_cgtp.schedule.WALK_TILE=8"])
+    (row,) = rows
+    assert row["edges"] == 64 and [len(row["ms"][n]) for n in ("base", "plain")] == [2, 2]
+    assert all(ms > 0 for times in row["ms"].values() for ms in times)
+    assert ab.parse_variant("x:jax_cgtp.codegen.A=1; m.B='s'") == ("x", [("jax_cgtp.codegen", "A", 1), ("m", "B", "s")])
+    for bad in ("nameless", ":jax_cgtp.schedule.WALK_TILE=8", "x:WALK_TILE=8", "x:jax_cgtp.schedule.NOT_THERE=1"):
+        with pytest.raises(SystemExit):
+            ab.main(["--configs", "tiny-uvu", "--phases", "fwd", "--variant", bad])
+
+
+def test_a_sources_file_rebuilds_a_table_row_by_row(smoke, tmp_path):
+    _, out = smoke
+    saved = json.loads((out / report.file_names("smoke")["json"]).read_text())
+    commit = saved["runs"][0]["git_commit"]
+    first, second = saved["rows"][:2]
+    first["results"]["jax_cgtp_det"] = first["results"]["jax_cgtp"]  # as a run with the deterministic variant has
+    path = tmp_path / "with-det.json"
+    path.write_text(json.dumps(saved))
+    sources = tmp_path / "sources.txt"
+    sources.write_text(f"# a comment\n{second['config']} {second['phase']} {second['dtype']} {commit} {path}\n\n"
+                       f"{first['config']} {first['phase']} {first['dtype']} {commit} {path} without-det\n")
+    table = report.main(["--sources", str(sources), "--out", str(tmp_path), "--tag", "picked"])
+    assert [(r["phase"], r["run"]) for r in table["rows"]] == [(second["phase"], 0), (first["phase"], 0)]
+    assert len(table["runs"]) == 1 and table["rows"][0]["results"] == second["results"]
+    assert "jax_cgtp_det" not in table["rows"][1]["results"]
+    sources.write_text(sources.read_text().replace(" without-det", ""))
+    assert "jax_cgtp_det" in report.select(sources)["rows"][1]["results"]
+    for line, message in ((f"{first['config']} {first['phase']} {first['dtype']} deadbee {path}", "measured at"),
+                          (f"{first['config']} nophase {first['dtype']} {commit} {path}", "has 0 rows"),
+                          (f"{first['config']} {first['phase']} {first['dtype']} {commit}", "expected 'config")):
+        sources.write_text(line + "\n")
+        with pytest.raises(ValueError, match=message):
+            report.select(sources)

@@ -132,6 +132,25 @@ def test_convolution_backward_keeps_each_destination_staged(dtype):
     assert not batched.joint.by_destination and batched.edge_sums_size == 0
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_convolution_forward_streams_its_edge_rows(deterministic):
+    """The convolution's forward marks its y and w inputs (rows read once per edge) evict-first
+    in L2, so that they leave the gathered x rows there; its backward and the unfused product do
+    not. A shared w is read by every edge and is not marked."""
+    kinds, rows = (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10)
+    (forward,) = schedule.plan(forward_call(mace_problem(), kinds, rows, deterministic=deterministic), "float", "int")
+    source = codegen.generate(forward)
+    assert "in1 = cgtp_evict_first(in1);  // y rows" in source and "in2 = cgtp_evict_first(in2);  // w rows" in source
+    shared = (INDEXED, BATCHED, SHARED, INDEXED)
+    (forward,) = schedule.plan(forward_call(mace_problem(), shared, rows, deterministic=deterministic), "float", "int")
+    assert codegen.generate(forward).count("cgtp_evict_first(in") == 1
+    backward = schedule.plan(backward_call(mace_problem(), kinds, rows, deterministic=deterministic), "float", "int")
+    (product,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
+    assert not any("cgtp_evict_first(in" in codegen.generate(k) for k in backward + [product])
+    if nvrtc.available():
+        assert nvrtc.compile_cubin(source, "sm_90", "the convolution's forward")
+
+
 def test_atomic_convolution_forward_in_float64_holds_at_most_24_z_components():
     """mace-l2-c128's 2e block has 11 paths (51 z components): in float64 the atomic walk by
     destination takes them in groups, each a block of its own; float32 and the deterministic

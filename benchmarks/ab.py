@@ -1,0 +1,136 @@
+"""``python -m benchmarks.ab``: jax_cgtp's kernels under several settings, timed in turn in one process.
+
+A setting assigns module attributes of jax_cgtp's code generator or scheduler, e.g.::
+
+    python -m benchmarks.ab --configs mace-l2-c128 --phases conv_fwd,conv_bwd --dtype float32 \\
+        --variant base: --variant plain:jax_cgtp.codegen.STREAM_EDGE_ROWS=False --rounds 6
+
+For each row (config, phase, dtype) the inputs are drawn once. Each variant's phase is compiled
+with its assignments in force (JAX's caches and jax_cgtp's kernel caches cleared first, so its
+kernels are generated anew), then the variants are timed in turn, ``--rounds`` times: each
+round times every variant once (per-call ms of calls queued back to back, as ``benchmarks.run``
+reports), so slow drifts of the device affect them alike. The table gives each variant's median
+over rounds and its ratio to the first variant; ``--json`` keeps every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import json
+import statistics
+
+import jax
+
+from jax_cgtp import cuda_lowering
+
+from . import configs, timing
+from .profile import phase_and_arguments
+from .run import _list
+
+
+def parse_variant(text: str) -> tuple[str, list[tuple[str, str, object]]]:
+    """``NAME:module.ATTR=VALUE;...`` -> ``(NAME, [(module, ATTR, value)])``; VALUE is a Python literal.
+
+    >>> parse_variant("plain:jax_cgtp.codegen.STREAM_EDGE_ROWS=False")
+    ('plain', [('jax_cgtp.codegen', 'STREAM_EDGE_ROWS', False)])
+    """
+    name, colon, assignments = text.partition(":")
+    if not name or not colon:
+        raise ValueError(f"--variant {text!r}: expected NAME:module.ATTR=VALUE;... (NAME: for no change)")
+    parsed = []
+    for assignment in filter(None, (a.strip() for a in assignments.split(";"))):
+        target, _, value = assignment.partition("=")
+        module, _, attribute = target.strip().rpartition(".")
+        if not module or not value:
+            raise ValueError(f"--variant {text!r}: {assignment!r} is not module.ATTR=VALUE")
+        parsed.append((module, attribute, ast.literal_eval(value.strip())))
+    return name, parsed
+
+
+def _compile_with(assignments, fn, args):
+    """``fn`` compiled for ``args`` with ``assignments`` in force (restored afterwards)."""
+    saved = []
+    for module, attribute, value in assignments:
+        target = importlib.import_module(module)
+        saved.append((target, attribute, getattr(target, attribute)))
+        setattr(target, attribute, value)
+    try:
+        jax.clear_caches()
+        cuda_lowering.clear_kernel_caches()
+        return timing.compile_function(fn, args)
+    finally:
+        for target, attribute, value in reversed(saved):
+            setattr(target, attribute, value)
+
+
+def measure_row(config: str, phase: str, dtype: str, variants, rounds: int, calls: int, lib: str,
+                edges: int | None = None) -> dict:
+    """Per-round per-call ms of each variant on one row (``edges`` edges, default the benchmark's
+    size for the dtype), and how many distinct programs the variants compiled to."""
+    edges = edges or configs.EDGES[dtype]
+    fn, args = phase_and_arguments(config, phase, dtype, edges, lib=lib)
+    compiled = {name: _compile_with(assignments, fn, args) for name, assignments in variants}
+    texts = {name: c.as_text() for name, c in compiled.items()}
+    for c in compiled.values():  # warm up
+        jax.block_until_ready(c(*args))
+    samples = {name: [] for name in compiled}
+    for _ in range(rounds):
+        for name, c in compiled.items():
+            samples[name].append(timing.time_pipelined(c, args, timing.PIPELINE_BATCHES, calls))
+    return {"config": config, "phase": phase, "dtype": dtype, "lib": lib, "edges": edges,
+            "distinct_programs": len(set(texts.values())), "ms": samples}
+
+
+def format_table(rows, names) -> str:
+    header = ["config", "phase", "dtype", "programs"] + [f"{n} ms" for n in names] + [f"{n}/{names[0]}" for n in names[1:]]
+    lines = []
+    for row in rows:
+        medians = [statistics.median(row["ms"][n]) for n in names]
+        lines.append([row["config"], row["phase"], row["dtype"], str(row["distinct_programs"])]
+                     + [f"{m:.3f}" for m in medians] + [f"{m / medians[0]:.3f}" for m in medians[1:]])
+    widths = [max(len(r[k]) for r in [header] + lines) for k in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in [header] + lines)
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", type=_list, required=True)
+    parser.add_argument("--phases", type=_list, required=True)
+    parser.add_argument("--dtype", type=_list, default=["float32"])
+    parser.add_argument("--variant", action="append", required=True, help="NAME:module.ATTR=VALUE;... (repeat)")
+    parser.add_argument("--lib", default="jax_cgtp", choices=["jax_cgtp", "jax_cgtp_det"],
+                        help="jax_cgtp_det: the deterministic convolution")
+    parser.add_argument("--edges", type=int, default=None, help="default: the benchmark's size for the dtype")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=timing.PIPELINE_CALLS, help="calls per queued batch")
+    parser.add_argument("--json", default=None, help="write every round's times here")
+    args = parser.parse_args(argv)
+    jax.config.update("jax_enable_x64", True)
+    try:
+        variants = [parse_variant(v) for v in args.variant]
+        for _, assignments in variants:
+            for module, attribute, _ in assignments:
+                if not hasattr(importlib.import_module(module), attribute):
+                    raise ValueError(f"--variant: {module} has no attribute {attribute}")
+    except (ValueError, SyntaxError, ImportError) as error:
+        parser.error(str(error))
+    names = [name for name, _ in variants]
+    if len(set(names)) != len(names):
+        parser.error(f"--variant names must differ, got {names}")
+    rows = []
+    for config in args.configs:
+        for dtype in args.dtype:
+            for phase in args.phases:
+                rows.append(measure_row(config, phase, dtype, variants, args.rounds, args.calls, args.lib, args.edges))
+                print(format_table(rows[-1:], names).splitlines()[-1], flush=True)
+    print(format_table(rows, names))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"variants": args.variant, "device": str(jax.devices()[0].device_kind), "rows": rows}, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -51,10 +51,11 @@ def _streamed_inputs(schedule: KernelSchedule) -> tuple[int, ...]:
     Then the streamed rows do not push out of L2 the node rows of x that later edges gather again,
     nor the z rows that the walk adds to. On an H100 (same process, interleaved) that took the
     atomic forward 0.90-0.97x its time and the deterministic one 0.94-0.99x, on seven of the eight
-    ``uvu`` public configs (not l5-c32) in both dtypes. Marked one by one (``ld.global.cs``), the loads became opaque to
-    the compiler: nequip-revmd17-benzene's float64 forward went from 168 to 194 registers and took
-    1.37x its time; through a pointer with an access property they stay ordinary loads. The same
-    marks in the backward walks (and on their ȳ and w̄ stores) changed their times by -2% to +2%.
+    ``uvu`` public configs (not l5-c32) in both dtypes. Marked one by one (``ld.global.cs``), the
+    loads became opaque to the compiler: nequip-revmd17-benzene's float64 forward went from 168 to
+    194 registers and took 1.37x its time; through a pointer with an access property they stay
+    ordinary loads. The same marks in the backward walks (and on their ȳ and w̄ stores) changed
+    their times by -2% to +2%.
     """
     joint = schedule.joint
     if joint is None or not joint.by_destination or dict(joint.outputs).keys() != {"z"}:

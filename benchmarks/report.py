@@ -17,6 +17,7 @@ A table assembled from many sessions names each row's source in a sources file, 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import pathlib
 
@@ -49,6 +50,13 @@ def write(report: dict, out_dir, tag: str | None = None, with_plots: bool = True
     return paths
 
 
+def _add_libraries(into: dict, libraries: dict) -> None:
+    """Record each library's status of one report in ``into``, keeping the best status seen ("ok")."""
+    for lib, info in libraries.items():
+        if lib not in into or info["status"] == "ok":
+            into[lib] = info
+
+
 def merge(reports: list[dict]) -> dict:
     """One report holding every run and row of ``reports`` (libraries: the best status seen)."""
     merged = {"schema": SCHEMA, "runs": [], "libraries": {}, "rows": []}
@@ -57,9 +65,7 @@ def merge(reports: list[dict]) -> dict:
             raise ValueError(f"not a {SCHEMA} report: schema {report.get('schema')!r}")
         offset = len(merged["runs"])
         merged["runs"] += report["runs"]
-        for lib, info in report["libraries"].items():
-            if lib not in merged["libraries"] or info["status"] == "ok":
-                merged["libraries"][lib] = info
+        _add_libraries(merged["libraries"], report["libraries"])
         merged["rows"] += [dict(row, run=row.get("run", 0) + offset) for row in report["rows"]]
     return merged
 
@@ -89,7 +95,7 @@ def select(sources) -> dict:
         found = [r for r in saved["rows"] if (r["config"], r["phase"], r["dtype"]) == (config, phase, dtype)]
         if len(found) != 1:
             raise ValueError(f"{where}: {name} has {len(found)} rows of {config} {phase} {dtype}, expected one")
-        row = json.loads(json.dumps(found[0]))
+        row = copy.deepcopy(found[0])
         run = saved["runs"][row.get("run", 0)]
         if run["git_commit"] != commit:
             raise ValueError(f"{where}: the row of {name} was measured at {run['git_commit']}, not {commit}")
@@ -100,9 +106,7 @@ def select(sources) -> dict:
         if key not in runs:
             runs[key] = len(report["runs"])
             report["runs"].append(run)
-        for lib, info in saved["libraries"].items():
-            if lib not in report["libraries"] or info["status"] == "ok":
-                report["libraries"][lib] = info
+        _add_libraries(report["libraries"], saved["libraries"])
         report["rows"].append(dict(row, run=runs[key]))
     return report
 

@@ -2,18 +2,24 @@
 
 Every library gets these same arrays (converted to its own layout outside the timed region, see
 :mod:`benchmarks.peers`). Values are standard normal, never zeros. The graph has ``nodes =
-edges // 16`` nodes (16 edges per node on average); ``dst`` is sorted, as a neighbour list
-grouped by receiver is, and ``src`` is uniform at random.
+edges // 16`` nodes and ``dst`` is sorted, as a neighbour list grouped by receiver is. Two graphs:
+
+* ``random`` (the default): ``src`` uniform at random, 16 edges per node on average;
+* ``spatial``: points on a jittered cubic lattice, numbered in lattice order, each receiving an
+  edge from each of its 16 nearest points. Neighbours have nearby numbers, as the atoms of a
+  crystal built cell by cell, or of a system sorted in space, do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.spatial
 
 from .configs import EDGES_PER_NODE
 
@@ -41,8 +47,31 @@ def num_nodes(edges: int) -> int:
 _HOST_DRAW_SIZE = 1 << 22
 
 
-def make_inputs(problem, dtype, edges: int, conv: bool, seed: int = 0) -> Inputs:
-    """Standard normal operands for ``edges`` rows; for ``conv``, node features and a random graph."""
+GRAPHS = ("random", "spatial")
+
+
+def spatial_graph(nodes: int, edges: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(src, dst)`` (int32, ``dst`` sorted) of the ``spatial`` graph: ``nodes`` points on a cubic
+    lattice, numbered in lattice order and moved by up to a quarter of the spacing, node ``n``
+    receiving an edge from each of its ``edges // nodes`` nearest other points."""
+    per_node = edges // nodes if nodes else 0
+    if per_node * nodes != edges or not 0 < per_node < nodes:
+        raise ValueError(f"a spatial graph of {nodes} nodes needs edges = a multiple of the nodes, with fewer "
+                         f"edges per node than nodes; got {edges} edges")
+    side = math.ceil(round(nodes ** (1 / 3), 9))
+    lattice = np.stack(np.unravel_index(np.arange(nodes), (side,) * 3), axis=1).astype(np.float64)
+    points = lattice + np.random.default_rng(seed).uniform(-0.25, 0.25, lattice.shape)
+    _, nearest = scipy.spatial.cKDTree(points).query(points, k=per_node + 1)  # column 0: the point itself
+    src = nearest[:, 1:].reshape(-1).astype(np.int32)
+    dst = np.repeat(np.arange(nodes, dtype=np.int32), per_node)
+    return src, dst
+
+
+def make_inputs(problem, dtype, edges: int, conv: bool, seed: int = 0, graph: str = "random") -> Inputs:
+    """Standard normal operands for ``edges`` rows; for ``conv``, node features and a graph (one of
+    :data:`GRAPHS`)."""
+    if graph not in GRAPHS:
+        raise ValueError(f"graph {graph!r}: expected one of {GRAPHS}")
     nodes = num_nodes(edges)
     rows = nodes if conv else edges  # rows of x and of z (g)
     dims = (problem.irreps_in1.dim, problem.irreps_in2.dim, problem.weight_numel, problem.irreps_out.dim)
@@ -54,6 +83,8 @@ def make_inputs(problem, dtype, edges: int, conv: bool, seed: int = 0) -> Inputs
     x, y, w, g, src, dst = arrays
     if not conv:
         return Inputs(x, y, w, g)
+    if graph == "spatial":
+        src, dst = (jax.device_put(a) for a in spatial_graph(nodes, edges, seed))
     return Inputs(x, y, w, g, src, dst, nodes)
 
 

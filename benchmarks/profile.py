@@ -32,16 +32,17 @@ from .peers import LIBRARIES, OPTIONAL_LIBRARIES, adapter
 
 
 def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concrete: bool = True,
-                        lib: str = "jax_cgtp"):
-    """The un-jitted phase function of library ``lib`` on the benchmark row's inputs, in the
-    library's layout, and those inputs (their shapes only, without ``concrete``)."""
+                        lib: str = "jax_cgtp", graph: str = "random"):
+    """The un-jitted phase function of library ``lib`` on the benchmark row's inputs (a convolution
+    on ``graph``, see :mod:`benchmarks.inputs`), in the library's layout, and those inputs (their
+    shapes only, without ``concrete``)."""
     tp = problems.build(config)
     conv = phases.is_conv(phase)
     names = phases.input_names(phase)
     impl = adapter(lib).build(tp, jnp.dtype(dtype), conv, {})
 
     def arrays():
-        arguments = impl.arguments(make_inputs(tp.problem, dtype, edges, conv))
+        arguments = impl.arguments(make_inputs(tp.problem, dtype, edges, conv, graph=graph))
         return tuple(arguments[name] for name in names)
 
     return phases.phase_function(phase, impl.apply), arrays() if concrete else jax.eval_shape(arrays)

@@ -26,6 +26,7 @@ import time
 import jax
 
 from . import ceilings, configs, environment, measure, metrics, problems, report, table
+from .inputs import GRAPHS
 from .peers import LIBRARIES, OPTIONAL_LIBRARIES, Missing, adapter
 
 
@@ -49,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=configs.WARMUP)
     parser.add_argument("--backend", default=None, help="jax_cgtp backend (default auto; reference with --smoke)")
     parser.add_argument("--cueq-method", default="uniform_1d")
+    parser.add_argument("--graph", default="random", choices=GRAPHS,
+                        help="the convolution's graph (benchmarks.inputs): random sources, or spatial neighbours")
     parser.add_argument("--out", default=None, help="output folder (default benchmarks/results/<device>; a temp folder with --smoke)")
     parser.add_argument("--tag", default=None, help="suffix of the output file names, for split runs")
     parser.add_argument("--time-budget", type=float, default=None,
@@ -101,11 +104,12 @@ def main(argv=None) -> dict:
     edges["float64"] = args.edges_float64 or edges["float64"]
     protocol = {"warmup": args.warmup, "runs": args.runs or (configs.SMOKE_RUNS if args.smoke else configs.RUNS)}
     backend = args.backend or ("reference" if args.smoke else "auto")
-    options = {"cueq_method": args.cueq_method}
+    options = {"cueq_method": args.cueq_method, "graph": args.graph}
 
     meta = environment.describe()
     meta.update(argv=sys.argv if argv is None else ["benchmarks.run"] + list(argv), smoke=args.smoke,
-                protocol=protocol, edges=edges, edges_per_node=configs.EDGES_PER_NODE, jax_cgtp_backend=backend,
+                protocol=protocol, edges=edges, edges_per_node=configs.EDGES_PER_NODE, graph=args.graph,
+                jax_cgtp_backend=backend,
                 tolerance=measure.TOLERANCE)
     print(f"device: {meta['device']} ({meta['platform']}), jax {meta['jax']}, commit {meta['git_commit']}", flush=True)
     meta["ceilings"] = ceilings.measure(args.dtype, args.smoke, protocol["warmup"], protocol["runs"])

@@ -9,11 +9,12 @@ import json
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # the repository root: benchmarks/
 
-from benchmarks import configs, cost, phases, report, run  # noqa: E402
+from benchmarks import configs, cost, inputs, phases, report, run  # noqa: E402
 from benchmarks.peers import LIBRARIES  # noqa: E402
 
 
@@ -154,3 +155,26 @@ def test_a_sources_file_rebuilds_a_table_row_by_row(smoke, tmp_path):
         sources.write_text(line + "\n")
         with pytest.raises(ValueError, match=message):
             report.select(sources)
+
+
+def test_spatial_graph_connects_each_node_to_nearby_lattice_points():
+    side, per_node = 6, 6
+    src, dst = inputs.spatial_graph(side**3, side**3 * per_node, seed=1)
+    assert np.array_equal(dst, np.repeat(np.arange(side**3), per_node)) and not np.any(src == dst)
+    offsets = np.abs(np.subtract(np.unravel_index(src, (side,) * 3), np.unravel_index(dst, (side,) * 3)))
+    assert offsets.max() <= 2  # uniform sources would reach across the lattice
+    for nodes, edges in ((216, 1000), (4, 64), (0, 0)):
+        with pytest.raises(ValueError, match="spatial graph"):
+            inputs.spatial_graph(nodes, edges)
+    with pytest.raises(ValueError, match="graph 'ring'"):
+        inputs.make_inputs(None, "float64", 16, True, graph="ring")
+
+
+def test_a_run_on_the_spatial_graph_records_it(tmp_path):
+    result = run.main(["--smoke", "--configs", "tiny-uvu", "--dtype", "float64", "--edges-float64", "1600", "--graph",
+                       "spatial", "--phases", "conv_fwd", "--libs", "jax_cgtp,e3nn", "--out", str(tmp_path)])
+    assert result["runs"][0]["graph"] == "spatial"
+    (row,) = result["rows"]
+    assert (row["edges"], row["nodes"]) == (1600, 100)
+    assert row["results"]["e3nn"]["status"] == "ok" and row["results"]["e3nn"]["rel_err"] < 1e-12
+    assert "spatial graph" in (tmp_path / report.file_names(None)["text"]).read_text()

@@ -26,6 +26,7 @@ import jax
 from jax_cgtp import cuda_lowering
 
 from . import configs, timing
+from .inputs import GRAPHS
 from .profile import phase_and_arguments
 from .run import _list
 
@@ -66,11 +67,12 @@ def _compile_with(assignments, fn, args):
 
 
 def measure_row(config: str, phase: str, dtype: str, variants, rounds: int, calls: int, lib: str,
-                edges: int | None = None) -> dict:
+                edges: int | None = None, graph: str = "random") -> dict:
     """Per-round per-call ms of each variant on one row (``edges`` edges, default the benchmark's
-    size for the dtype), and how many distinct programs the variants compiled to."""
+    size for the dtype; a convolution on ``graph``), and how many distinct programs the variants
+    compiled to."""
     edges = edges or configs.EDGES[dtype]
-    fn, args = phase_and_arguments(config, phase, dtype, edges, lib=lib)
+    fn, args = phase_and_arguments(config, phase, dtype, edges, lib=lib, graph=graph)
     compiled = {name: _compile_with(assignments, fn, args) for name, assignments in variants}
     texts = {name: c.as_text() for name, c in compiled.items()}
     for c in compiled.values():  # warm up
@@ -79,7 +81,7 @@ def measure_row(config: str, phase: str, dtype: str, variants, rounds: int, call
     for _ in range(rounds):
         for name, c in compiled.items():
             samples[name].append(timing.time_pipelined(c, args, timing.PIPELINE_BATCHES, calls))
-    return {"config": config, "phase": phase, "dtype": dtype, "lib": lib, "edges": edges,
+    return {"config": config, "phase": phase, "dtype": dtype, "lib": lib, "edges": edges, "graph": graph,
             "distinct_programs": len(set(texts.values())), "ms": samples}
 
 
@@ -103,6 +105,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--lib", default="jax_cgtp", choices=["jax_cgtp", "jax_cgtp_det"],
                         help="jax_cgtp_det: the deterministic convolution")
     parser.add_argument("--edges", type=int, default=None, help="default: the benchmark's size for the dtype")
+    parser.add_argument("--graph", default="random", choices=GRAPHS, help="the convolution's graph (benchmarks.inputs)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=timing.PIPELINE_CALLS, help="calls per queued batch")
     parser.add_argument("--json", default=None, help="write every round's times here")
@@ -123,7 +126,8 @@ def main(argv=None) -> list[dict]:
     for config in args.configs:
         for dtype in args.dtype:
             for phase in args.phases:
-                rows.append(measure_row(config, phase, dtype, variants, args.rounds, args.calls, args.lib, args.edges))
+                rows.append(measure_row(config, phase, dtype, variants, args.rounds, args.calls, args.lib, args.edges,
+                                        args.graph))
                 print(format_table(rows[-1:], names).splitlines()[-1], flush=True)
     print(format_table(rows, names))
     if args.json:

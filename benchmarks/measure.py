@@ -112,7 +112,7 @@ def _precompile_cgtp(lib, group_phases, impl, lib_inputs) -> None:
 def measure_group(tp, config, dtype, group_phases, libraries, availability, options, protocol, edges):
     """Rows of ``group_phases`` (all plain or all convolution) for every library in ``libraries``."""
     conv = phases.is_conv(group_phases[0])
-    inputs = make_inputs(tp.problem, dtype, edges, conv, graph=options.get("graph", "random"))
+    inputs = make_inputs(tp.problem, dtype, edges, conv, graph=options["graph"])
     nodes = inputs.nodes or 0
     rows = {phase: new_row(tp, config, phase, dtype, edges, nodes) for phase in group_phases}
     reference: dict = {}

@@ -127,10 +127,10 @@ def test_ab_times_each_variant_of_a_setting_on_the_same_row():
                      "--rounds", "1", "--calls", "2", "--variant", "base:"])
     row, spatial = rows
     assert row["edges"] == 64 and [len(row["ms"][n]) for n in ("base", "plain")] == [2, 2]
+    assert all(ms > 0 for times in row["ms"].values() for ms in times)
     assert (row["graph"], spatial["graph"], spatial["edges"]) == ("random", "spatial", 1600)
     with pytest.raises(ValueError, match="spatial graph"):  # 64 edges: 4 nodes, too few for 16 neighbours each
         ab.main(["--configs", "tiny-uvu", "--phases", "conv_fwd", "--edges", "64", "--graph", "spatial", "--variant", "b:"])
-    assert all(ms > 0 for times in row["ms"].values() for ms in times)
     assert ab.parse_variant("x:jax_cgtp.codegen.A=1; m.B='s'") == ("x", [("jax_cgtp.codegen", "A", 1), ("m", "B", "s")])
     for bad in ("nameless", ":jax_cgtp.schedule.WALK_TILE=8", "x:WALK_TILE=8", "x:jax_cgtp.schedule.NOT_THERE=1"):
         with pytest.raises(SystemExit):

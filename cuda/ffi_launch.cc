@@ -2,7 +2,8 @@
 //
 // Thin by design: Python generates and compiles the kernel and decides the launch shape; this
 // file binds buffers, loads the kernel image once per CUDA context (thread-safe cache), zeroes
-// the outputs that accumulate, and launches. The CUDA driver is loaded lazily with dlopen, so
+// the outputs that accumulate, caps the grid of a filling launch at the blocks the device holds
+// at once (the driver's occupancy), and launches. The CUDA driver is loaded lazily with dlopen, so
 // the extension builds without a CUDA toolkit and imports on machines without a GPU.
 //
 // Kernel signature expected by the launcher (see jax_cgtp/codegen.py): one pointer per operand
@@ -38,6 +39,7 @@ using CUfunction = struct CUfunc_st*;
 using CUstream = struct CUstream_st*;
 using CUdeviceptr = unsigned long long;
 constexpr int kFuncAttributeMaxDynamicSharedSize = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+constexpr int kDeviceAttributeMultiprocessorCount = 16;  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 
 struct Driver {
   CUresult (*cuInit)(unsigned);
@@ -46,9 +48,11 @@ struct Driver {
   CUresult (*cuStreamGetCtx)(CUstream, CUcontext*);
   CUresult (*cuCtxGetCurrent)(CUcontext*);
   CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuCtxGetDevice)(CUdevice*);
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
+  CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void**, void**);
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
@@ -76,9 +80,12 @@ const Driver& GetDriver() {
               Resolve(library, "cuStreamGetCtx", d.cuStreamGetCtx) &&
               Resolve(library, "cuCtxGetCurrent", d.cuCtxGetCurrent) &&
               Resolve(library, "cuCtxSetCurrent", d.cuCtxSetCurrent) &&
+              Resolve(library, "cuCtxGetDevice", d.cuCtxGetDevice) &&
               Resolve(library, "cuModuleLoadData", d.cuModuleLoadData) &&
               Resolve(library, "cuModuleGetFunction", d.cuModuleGetFunction) &&
               Resolve(library, "cuFuncSetAttribute", d.cuFuncSetAttribute) &&
+              Resolve(library, "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                      d.cuOccupancyMaxActiveBlocksPerMultiprocessor) &&
               Resolve(library, "cuLaunchKernel", d.cuLaunchKernel) &&
               Resolve(library, "cuMemsetD8Async", d.cuMemsetD8Async) &&
               Resolve(library, "cuGetErrorString", d.cuGetErrorString);
@@ -98,11 +105,18 @@ ffi::Error DriverError(const Driver& d, CUresult status, const char* what) {
   return ffi::Error::Internal(std::string("jax_cgtp: ") + what + " failed: " + message);
 }
 
+// A loaded kernel and the blocks of its launch shape that the device holds at once.
+struct LoadedKernel {
+  CUfunction function;
+  int64_t resident_blocks;
+};
+
 // Loaded kernels, keyed by (context, image id, kernel name). The image id is a hash of the image
-// computed once in Python, so a launch never compares or copies the image itself.
+// computed once in Python, so a launch never compares or copies the image itself. An image's
+// source fixes its block and shared memory, so its resident blocks are computed once too.
 struct KernelCache {
   std::mutex mutex;
-  std::map<std::tuple<CUcontext, int64_t, std::string>, CUfunction> functions;
+  std::map<std::tuple<CUcontext, int64_t, std::string>, LoadedKernel> kernels;
 };
 
 KernelCache& GetCache() {
@@ -110,14 +124,14 @@ KernelCache& GetCache() {
   return *cache;
 }
 
-ffi::ErrorOr<CUfunction> LoadKernel(const Driver& d, CUcontext context,
-                                    ffi::Span<const uint8_t> image, int64_t image_id,
-                                    std::string_view name, int64_t shared_bytes) {
+ffi::ErrorOr<LoadedKernel> LoadKernel(const Driver& d, CUcontext context,
+                                      ffi::Span<const uint8_t> image, int64_t image_id,
+                                      std::string_view name, int64_t block, int64_t shared_bytes) {
   KernelCache& cache = GetCache();
   auto key = std::make_tuple(context, image_id, std::string(name));
   std::lock_guard<std::mutex> lock(cache.mutex);
-  auto found = cache.functions.find(key);
-  if (found != cache.functions.end()) return found->second;
+  auto found = cache.kernels.find(key);
+  if (found != cache.kernels.end()) return found->second;
 
   std::string bytes(image.begin(), image.end());
   CUmodule module = nullptr;
@@ -133,15 +147,27 @@ ffi::ErrorOr<CUfunction> LoadKernel(const Driver& d, CUcontext context,
                                       static_cast<int>(shared_bytes));
     if (s != 0) return ffi::Unexpected(DriverError(d, s, "cuFuncSetAttribute"));
   }
-  cache.functions.emplace(std::move(key), function);
-  return function;
+  int per_sm = 0, sms = 0;
+  CUdevice device = 0;
+  if (CUresult s = d.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, function, static_cast<int>(block), static_cast<size_t>(shared_bytes));
+      s != 0) {
+    return ffi::Unexpected(DriverError(d, s, "cuOccupancyMaxActiveBlocksPerMultiprocessor"));
+  }
+  if (CUresult s = d.cuCtxGetDevice(&device); s != 0) return ffi::Unexpected(DriverError(d, s, "cuCtxGetDevice"));
+  if (CUresult s = d.cuDeviceGetAttribute(&sms, kDeviceAttributeMultiprocessorCount, device); s != 0) {
+    return ffi::Unexpected(DriverError(d, s, "cuDeviceGetAttribute"));
+  }
+  LoadedKernel loaded{function, static_cast<int64_t>(per_sm) * sms};
+  cache.kernels.emplace(std::move(key), loaded);
+  return loaded;
 }
 
 ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                   ffi::Span<const uint8_t> image, int64_t image_id, std::string_view kernel,
                   int64_t grid, int64_t block, int64_t shared_bytes,
                   ffi::Span<const int64_t> scalars, ffi::Span<const int64_t> zero_outputs,
-                  int64_t poison) {
+                  int64_t poison, int64_t fill) {
   const Driver& d = GetDriver();
   if (!d.load_error.empty()) return ffi::Error::Internal("jax_cgtp: " + d.load_error);
 
@@ -177,15 +203,17 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets r
   }
   if (grid == 0) return ffi::Error::Success();
 
-  auto function = LoadKernel(d, context, image, image_id, kernel, shared_bytes);
-  if (function.has_error()) return function.error();
+  auto loaded = LoadKernel(d, context, image, image_id, kernel, block, shared_bytes);
+  if (loaded.has_error()) return loaded.error();
+  // A filling launch runs one wave: its kernel spreads the edges over the warps it gets.
+  if (fill != 0 && loaded->resident_blocks > 0 && grid > loaded->resident_blocks) grid = loaded->resident_blocks;
 
   std::vector<long long> values(scalars.begin(), scalars.end());
   std::vector<void*> params;
   params.reserve(pointers.size() + values.size());
   for (void*& pointer : pointers) params.push_back(&pointer);
   for (long long& value : values) params.push_back(&value);
-  CUresult s = d.cuLaunchKernel(*function, static_cast<unsigned>(grid), 1, 1,
+  CUresult s = d.cuLaunchKernel(loaded->function, static_cast<unsigned>(grid), 1, 1,
                                 static_cast<unsigned>(block), 1, 1,
                                 static_cast<unsigned>(shared_bytes), stream, params.data(), nullptr);
   if (s != 0) return DriverError(d, s, "cuLaunchKernel");
@@ -207,7 +235,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxCgtpLaunch, Launch,
                                   .Attr<int64_t>("shared_bytes")
                                   .Attr<ffi::Span<const int64_t>>("scalars")
                                   .Attr<ffi::Span<const int64_t>>("zero_outputs")
-                                  .Attr<int64_t>("poison"));
+                                  .Attr<int64_t>("poison")
+                                  .Attr<int64_t>("fill"));
 
 // Compute capability of CUDA device `ordinal` as major * 10 + minor (e.g. 90), for NVRTC's target.
 int ComputeCapability(int ordinal) {

@@ -151,10 +151,16 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w(f"const long long my_edge = lane < count ? (long long)perm_{r}[first + lane] : 0;")
     else:
         tile = schedule.tile
-        w(f"const long long num_tiles = (num_edges + {tile - 1}) / {tile};")
+        if schedule.fill:
+            w(f"// the edges spread evenly over the warps: rounds of one tile per warp, spans of at most {tile} edges")
+            w(f"const long long rounds = (num_edges + num_warps * {tile} - 1) / (num_warps * {tile});")
+            w(f"const long long span = rounds > 0 ? (num_edges + num_warps * rounds - 1) / (num_warps * rounds) : {tile};")
+        else:
+            w(f"const long long span = {tile};")
+        w("const long long num_tiles = (num_edges + span - 1) / span;")
         w.open(f"for (long long tile = {first}; tile < num_tiles; tile += {step})")
-        w(f"const long long first = tile * {tile};")
-        w(f"const int count = (int)(num_edges - first < {tile} ? num_edges - first : {tile});")
+        w("const long long first = tile * span;")
+        w("const int count = (int)(num_edges - first < span ? num_edges - first : span);")
         w("const long long my_edge = first + lane;")
     w("bool my_ok = lane < count;")
     for r in call.indexed_roles:

@@ -146,6 +146,7 @@ def run_kernel(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars
     """One launch of ``kernel`` on ``grid`` blocks through the XLA FFI target: its outputs.
 
     Outputs added to across warps (atomic or reduced, :attr:`KernelOutput.zeroed`) start from zero.
+    With ``kernel.fill``, the launcher caps ``grid`` at the blocks the GPU holds at once.
     """
     image, image_id = _kernel_image(kernel, device_arch())
     return jax.ffi.ffi_call(TARGET, shapes)(
@@ -159,6 +160,7 @@ def run_kernel(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars
         scalars=scalars,
         zero_outputs=np.array([out.zeroed for out in kernel.outputs], np.int64),
         poison=np.int64(os.environ.get("JAX_CGTP_POISON_OUTPUTS") == "1"),
+        fill=np.int64(kernel.fill),
     )
 
 

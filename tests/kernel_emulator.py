@@ -36,6 +36,10 @@ _FLAGS = ["-std=c++20", "-O1", "-w", "-fPIC", "-pthread"]
 _PARAMETER = re.compile(r"^\s*(const )?(T\*|I\*|long long) (?:__restrict__ )?(\w+)[,)]", re.M)
 
 
+# The blocks a filling launch (``KernelSchedule.fill``) gets, as the launcher caps its grid at the
+# blocks a GPU holds at once: few, so that the warps of a test's graph take several rounds.
+RESIDENT_BLOCKS = 2
+
 _launched: list = []  # the schedules of the emulated launches, in order
 # One launch at a time: XLA may run independent callbacks concurrently, and the emulated
 # launches share process-wide state (gridDim and blockDim are unique symbols across the loaded
@@ -105,6 +109,8 @@ def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
     """:func:`jax_cgtp.cuda_lowering.run_kernel`, on the host."""
     source = codegen.generate(kernel)
     zero = [out.zeroed for out in kernel.outputs]
+    if kernel.fill:
+        grid = min(grid, RESIDENT_BLOCKS)
 
     def host(*arrays):
         inputs = [np.ascontiguousarray(a) for a in arrays]

@@ -306,6 +306,27 @@ def test_shared_weight_gradient_of_few_edges_uses_small_tiles_to_fill_the_warps(
     assert batched.tile == 1
 
 
+def test_walks_of_many_edges_per_tile_fill_the_gpu_in_one_wave(monkeypatch):
+    """A convolution's atomic walk asks for a warp per FILL_MIN_SPAN edges (the launcher caps the
+    grid at the resident blocks) and spreads the edges over the warps; a per-edge product, a
+    deterministic walk by runs and a launch with partial rows keep their grids."""
+    conv = forward_call(mace_problem(), (INDEXED, BATCHED, BATCHED, INDEXED))
+    (walk,) = schedule.plan(conv, "float", "int", 10**5)
+    assert walk.fill and walk.tile == schedule.TILE_INDEXED
+    assert walk.grid(10**5, 0) == -(-10**5 // schedule.FILL_MIN_SPAN // walk.warps_per_block)
+    source = codegen.generate(walk)
+    assert "const long long span = rounds > 0 ?" in source and "const long long first = tile * span;" in source
+    (product,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "float", "int", 10**5)
+    (runs,) = schedule.plan(forward_call(mace_problem(), (INDEXED, BATCHED, BATCHED, INDEXED), deterministic=True),
+                            "float", "int", 10**5)
+    (partials,) = schedule.plan(backward_call(mace_problem(), (BATCHED, BATCHED, SHARED, BATCHED)), "float", "int")
+    assert not any(k.fill for k in (product, runs, partials))
+    assert f"const long long span = {product.tile};" in codegen.generate(product)
+    monkeypatch.setattr(schedule, "FILL_GRID", False)
+    (fixed,) = schedule.plan(conv, "float", "int", 10**5)
+    assert not fixed.fill and fixed.grid(10**5, 0) == -(-10**5 // schedule.TILE_INDEXED // fixed.warps_per_block)
+
+
 def test_launches_of_few_tiles_spread_their_slots_over_warp_groups():
     """Every chunk of every slot runs in exactly one group; the shared-weight flush is a
     reduction into the walker's partial row."""

@@ -156,6 +156,20 @@ def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, determin
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
+@pytest.mark.parametrize("resident_blocks", [1, 3, 10**6])
+def test_filling_launches_spread_the_edges_over_the_warps_they_get(resident_blocks, monkeypatch):
+    """600 edges over the warps of 1 or 3 resident blocks (rounds of 30 and 25 edges per warp), or
+    over every warp the launch asks for (spans of 8 edges): each edge is walked once."""
+    monkeypatch.setattr(kernel_emulator, "RESIDENT_BLOCKS", resident_blocks)
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
+    args = random_graph(jax.random.PRNGKey(43), kernels, 40, 600, jnp.float64, bad_fraction=0.05,
+                        sorted_by_dst=True)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, kernels, 40))(*args)
+    assert any(k.fill for k in kernel_emulator.launched()[before:])
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 40))(*args), jnp.float64)
+
+
 def test_members_of_a_high_l_product_match_reference():
     """l = 4 spherical harmonics and 19 paths on one x block: y loaded per path, and in float64
     the block's weights loaded in batches."""

@@ -94,13 +94,14 @@ WALK_TILE = 16  # edges per tile of a product's walk
 # They load the weights of a chunk's weighted paths at once, in batches of at most this many
 # registers (12 paths in float64), so that l <= 5 blocks (24 paths) do not spill.
 CHUNK_WEIGHT_REGISTERS = 24
-# A launch of tiles that accumulate across edges (walks of more than one edge per tile) runs one
-# wave: its grid is capped at the blocks the GPU holds at once (the launcher asks the driver), and
-# the warps share the edges evenly, in rounds of one tile each of at most ``tile`` edges (spans of
-# at least FILL_MIN_SPAN edges). With a fixed 32-edge tile per warp, the convolution's launches
-# of 100,000 edges ran 0.59-1.97 waves on an H100: a second wave of a few blocks, or SMs left
-# with free warp slots.
+# The convolution's walks by destination run one wave: the grid is capped at the blocks the GPU
+# holds at once (the launcher asks the driver), and with FILL_EVEN_SPANS the warps share the edges
+# evenly, in rounds of one tile each of at most ``tile`` edges (spans of at least FILL_MIN_SPAN);
+# without, in rounds of whole tiles. With a fixed 32-edge tile per warp, their launches of
+# 100,000 edges ran 0.59-1.97 waves on an H100: a second wave of a few blocks, or SMs left with
+# free warp slots. The product's walks and weight streams lost 0-10% in one wave (H100).
 FILL_GRID = True
+FILL_EVEN_SPANS = True
 FILL_MIN_SPAN = 8
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
@@ -299,6 +300,7 @@ class KernelSchedule:
     # one wave (FILL_GRID): the launcher caps the grid at the GPU's resident blocks, and the
     # kernel spreads the edges evenly over the warps it got
     fill: bool = False
+    even_spans: bool = False  # a filling launch's tiles: even spans of at most ``tile`` edges
 
     @property
     def itemsize(self) -> int:
@@ -325,8 +327,8 @@ class KernelSchedule:
 
     def grid(self, num_edges: int, num_segments: int) -> int:
         """Blocks to launch; each group of warps loops over the tiles grid-stride."""
-        if self.fill:  # the most warps with spans of FILL_MIN_SPAN edges; the launcher caps it
-            warps = -(-num_edges // min(self.tile, FILL_MIN_SPAN))
+        if self.fill:  # the most warps it could use; the launcher caps it
+            warps = -(-num_edges // (min(self.tile, FILL_MIN_SPAN) if self.even_spans else self.tile))
         else:
             warps = self.tiles(num_edges, num_segments) * self.num_groups
         blocks = -(-warps // self.warps_per_block)
@@ -786,8 +788,7 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             groups = slot_groups(kernel.slots, kernel.tiles(edges, segments), kernel.max_blocks * kernel.warps_per_block,
                                  itemsize)
             kernel = dataclasses.replace(kernel, groups=groups)
-        if FILL_GRID and kernel.tiling == "tiles" and kernel.tile > 1 and not kernel.has_partials \
-                and kernel.num_groups == 1:
-            kernel = dataclasses.replace(kernel, fill=True)
+        if FILL_GRID and joint is not None and joint.by_destination and kernel.tiling == "tiles":
+            kernel = dataclasses.replace(kernel, fill=True, even_spans=FILL_EVEN_SPANS)
         schedules.append(kernel)
     return schedules

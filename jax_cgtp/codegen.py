@@ -151,7 +151,7 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w(f"const long long my_edge = lane < count ? (long long)perm_{r}[first + lane] : 0;")
     else:
         tile = schedule.tile
-        if schedule.even_spans:
+        if schedule.fill:
             w(f"// the edges spread evenly over the warps: rounds of one tile per warp, spans of at most {tile} edges")
             w(f"const long long rounds = (num_edges + num_warps * {tile} - 1) / (num_warps * {tile});")
             w(f"const long long span = rounds > 0 ? (num_edges + num_warps * rounds - 1) / (num_warps * rounds) : {tile};")

@@ -95,13 +95,12 @@ WALK_TILE = 16  # edges per tile of a product's walk
 # registers (12 paths in float64), so that l <= 5 blocks (24 paths) do not spill.
 CHUNK_WEIGHT_REGISTERS = 24
 # The convolution's walks by destination run one wave: the grid is capped at the blocks the GPU
-# holds at once (the launcher asks the driver), and with FILL_EVEN_SPANS the warps share the edges
-# evenly, in rounds of one tile each of at most ``tile`` edges (spans of at least FILL_MIN_SPAN);
-# without, in rounds of whole tiles. With a fixed 32-edge tile per warp, their launches of
-# 100,000 edges ran 0.59-1.97 waves on an H100: a second wave of a few blocks, or SMs left with
-# free warp slots. The product's walks and weight streams lost 0-10% in one wave (H100).
+# holds at once (the launcher asks the driver), and the warps share the edges evenly, in rounds of
+# one tile each of at most ``tile`` edges (spans of at least FILL_MIN_SPAN). With a fixed 32-edge
+# tile per warp, their launches of 100,000 edges ran 0.59-1.97 waves on an H100: a second wave of
+# a few blocks, or SMs left with free warp slots. One wave of whole tiles was slower than even
+# spans, and the product's walks and weight streams lost 0-10% in one wave (H100).
 FILL_GRID = True
-FILL_EVEN_SPANS = True
 FILL_MIN_SPAN = 8
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
@@ -298,9 +297,8 @@ class KernelSchedule:
     # ``(slot, first chunk, end chunk)`` units; empty: one warp per tile runs every slot
     groups: tuple[tuple[tuple[int, int, int], ...], ...] = ()
     # one wave (FILL_GRID): the launcher caps the grid at the GPU's resident blocks, and the
-    # kernel spreads the edges evenly over the warps it got
+    # kernel spreads the edges evenly over the warps it got, in spans of at most ``tile`` edges
     fill: bool = False
-    even_spans: bool = False  # a filling launch's tiles: even spans of at most ``tile`` edges
 
     @property
     def itemsize(self) -> int:
@@ -328,7 +326,7 @@ class KernelSchedule:
     def grid(self, num_edges: int, num_segments: int) -> int:
         """Blocks to launch; each group of warps loops over the tiles grid-stride."""
         if self.fill:  # the most warps it could use; the launcher caps it
-            warps = -(-num_edges // (min(self.tile, FILL_MIN_SPAN) if self.even_spans else self.tile))
+            warps = -(-num_edges // min(self.tile, FILL_MIN_SPAN))
         else:
             warps = self.tiles(num_edges, num_segments) * self.num_groups
         blocks = -(-warps // self.warps_per_block)
@@ -789,6 +787,6 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
                                  itemsize)
             kernel = dataclasses.replace(kernel, groups=groups)
         if FILL_GRID and joint is not None and joint.by_destination and kernel.tiling == "tiles":
-            kernel = dataclasses.replace(kernel, fill=True, even_spans=FILL_EVEN_SPANS)
+            kernel = dataclasses.replace(kernel, fill=True)
         schedules.append(kernel)
     return schedules

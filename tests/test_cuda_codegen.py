@@ -312,7 +312,7 @@ def test_walks_of_many_edges_per_tile_fill_the_gpu_in_one_wave(monkeypatch):
     deterministic walk by runs and a launch with partial rows keep their grids."""
     conv = forward_call(mace_problem(), (INDEXED, BATCHED, BATCHED, INDEXED))
     (walk,) = schedule.plan(conv, "float", "int", 10**5)
-    assert walk.fill and walk.even_spans and walk.tile == schedule.TILE_INDEXED
+    assert walk.fill and walk.tile == schedule.TILE_INDEXED
     assert walk.grid(10**5, 0) == -(-10**5 // schedule.FILL_MIN_SPAN // walk.warps_per_block)
     source = codegen.generate(walk)
     assert "const long long span = rounds > 0 ?" in source and "const long long first = tile * span;" in source

@@ -136,3 +136,27 @@ __device__ __forceinline__ T cgtp_warp_sum(T v) {
 __device__ __forceinline__ bool cgtp_valid(long long index, long long rows) {
   return index >= 0 && index < rows;
 }
+
+// The sorted positions [begin, end) of run `seg` of a walk over sorted runs: node `seg`'s edges
+// from the offsets `off` (rows + 1 entries), the edges whose index is below range for seg = -1
+// and above it for seg = rows (sorted first and last), and none past that.
+__device__ __forceinline__ void cgtp_run(const I* __restrict__ off, long long seg, long long rows,
+                                         long long num_edges, long long& begin, long long& end) {
+  begin = seg < 0 ? 0 : seg <= rows ? (long long)off[seg] : num_edges;
+  end = seg < rows ? (long long)off[seg + 1] : num_edges;
+}
+
+// The longest of the `warps` runs from `seg` on (the runs a block's warps walk in step), in
+// every lane.
+__device__ __forceinline__ long long cgtp_longest_run(const I* __restrict__ off, long long seg, int warps,
+                                                      long long rows, long long num_edges, int lane) {
+  long long begin = 0, end = 0;
+  if (lane < warps) cgtp_run(off, seg + lane, rows, num_edges, begin, end);
+  long long longest = end - begin;
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) {
+    const long long other = __shfl_xor_sync(CGTP_FULL_MASK, longest, m);
+    longest = other > longest ? other : longest;
+  }
+  return longest;
+}

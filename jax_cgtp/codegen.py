@@ -65,9 +65,15 @@ def _streamed_inputs(schedule: KernelSchedule) -> tuple[int, ...]:
 
 def _owned_end(out, cur: str = "cur") -> tuple[str, str]:
     """``(condition, row)`` of the flush that ends a tile's walk: the run's node for an owned
-    output (written even when no edge of the tile was valid), else the row ``cur`` last
-    accumulated."""
-    return ("owned", "seg") if out.flush == "own" else (f"{cur} >= 0", cur)
+    output when the tile holds edges of its run (written even when none of them was valid), else
+    the row ``cur`` last accumulated."""
+    return ("owned && count > 0", "seg") if out.flush == "own" else (f"{cur} >= 0", cur)
+
+
+def _emit_group_barrier(w: Writer, schedule: KernelSchedule) -> None:
+    """The block's warps meet before a group of paths when they walk their runs in step."""
+    if schedule.lockstep:
+        w("__syncthreads();  // the block's warps run each group's code together")
 
 
 def generate(schedule: KernelSchedule) -> str:
@@ -136,14 +142,31 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w(f"const long long num_walkers = num_warps / {groups};")
         w("if (walker >= num_walkers) return;  // the grid's last warps, fewer than a group")
     first, step = ("walker", "num_walkers") if groups > 1 else ("warp", "num_warps")
-    if schedule.tiling == "segments":
+    if schedule.tiling == "segments" and schedule.lockstep:
+        r, warps = schedule.segment_role, schedule.warps_per_block
+        w(f"// one warp reduces each {r}-node: its edges in sorted order, 32 at a time; runs -1 and rows_{r} hold")
+        w(f"// the edges whose {r}-index is out of range (their per-edge outputs get zeros). The block's {warps} warps")
+        w("// walk consecutive runs in step, as long as the longest, and meet before each group of paths")
+        w(f"const long long step = (long long)gridDim.x * {warps};")
+        w.open(f"for (long long base = (long long)blockIdx.x * {warps}; base < rows_{r} + 2; base += step)")
+        w("const long long seg = base + (threadIdx.x >> 5) - 1;")
+        w("long long seg_begin, seg_end;")
+        w(f"cgtp_run(off_{r}, seg, rows_{r}, num_edges, seg_begin, seg_end);")
+        _emit_owned_zeros(w, schedule)
+        w(f"const long long longest = cgtp_longest_run(off_{r}, base - 1, {warps}, rows_{r}, num_edges, lane);")
+        w.open("for (long long walked = 0; walked < longest; walked += 32)")
+        w("const long long first = seg_begin + walked;")
+        w("const bool fresh = walked == 0;  // the run's first edges store, later ones add")
+        w("const int count = (int)(seg_end - first < 32 ? (seg_end > first ? seg_end - first : 0) : 32);")
+        w(f"const long long my_edge = lane < count ? (long long)perm_{r}[first + lane] : 0;")
+    elif schedule.tiling == "segments":
         r = schedule.segment_role
         w(f"// one warp (per group) reduces each {r}-node: its edges in sorted order, 32 at a time; runs -1 and")
         w(f"// rows_{r} hold the edges whose {r}-index is out of range (their per-edge outputs get zeros)")
         w.open(f"for (long long run = {first}; run < rows_{r} + 2; run += {step})")
         w("const long long seg = run - 1;")
-        w(f"const long long seg_begin = seg < 0 ? 0 : (long long)off_{r}[seg];")
-        w(f"const long long seg_end = seg < rows_{r} ? (long long)off_{r}[seg + 1] : num_edges;")
+        w("long long seg_begin, seg_end;")
+        w(f"cgtp_run(off_{r}, seg, rows_{r}, num_edges, seg_begin, seg_end);")
         _emit_owned_zeros(w, schedule)
         w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
         w("const bool fresh = first == seg_begin;  // the run's first edges store, later ones add")
@@ -727,6 +750,7 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
     if y_values:
         _emit_tile_y(w, schedule)
     for x_offset, mul, dim, paths in joint.blocks:
+        _emit_group_barrier(w, schedule)
         _open_joint_chunks(w, x_offset, mul, dim, paths)
         accumulators = _declare_z_chunks(w, paths) if held else [None] * len(paths)
         if tracked:
@@ -803,6 +827,7 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
     z_out = schedule.outputs[outs["z"]] if "z" in outs else None
     for n_block, (x_offset, mul, dim, paths) in enumerate(joint.blocks):
         added = any(other[0] == x_offset for other in joint.blocks[:n_block])  # x̄ of an earlier group there
+        _emit_group_barrier(w, schedule)
         _open_joint_chunks(w, x_offset, mul, dim, paths)
         w("long long cur = -1, cur_x = -1;")
         for s in xs:

@@ -2,7 +2,7 @@
 //
 // Every thread of a block is a std::thread; the 32 threads of a warp meet at a std::barrier for
 // __syncwarp and for each shuffle (a value is published, the warp meets, the source lane's value
-// is read, the warp meets again). This is exact for code whose warp-synchronous operations run in
+// is read, the warp meets again), and the block's threads at another for __syncthreads. This is exact for code whose warp-synchronous operations run in
 // warp-uniform control flow with the full mask, which the generated kernels require anyway.
 // Blocks run one after the other, so one static buffer serves as every block's shared memory.
 // Timing means nothing here: only the arithmetic and the memory accesses are checked.
@@ -31,10 +31,12 @@ struct cgtp_emu_warp {
 inline thread_local cgtp_emu_dim3 threadIdx, blockIdx;
 inline cgtp_emu_dim3 blockDim, gridDim;
 inline thread_local cgtp_emu_warp* cgtp_emu_my_warp = nullptr;
+inline std::barrier<>* cgtp_emu_block_meet = nullptr;  // the running block's (one block at a time)
 
 alignas(16) unsigned char cgtp_smem[1 << 17];
 
 inline void __syncwarp(unsigned = 0xffffffffu) { cgtp_emu_my_warp->meet.arrive_and_wait(); }
+inline void __syncthreads() { cgtp_emu_block_meet->arrive_and_wait(); }
 
 template <class V>
 inline V __shfl_sync(unsigned, V value, int source) {
@@ -71,6 +73,8 @@ void cgtp_emu_launch(long long grid, int block, Kernel kernel) {
   blockDim.x = static_cast<unsigned>(block);
   for (long long b = 0; b < grid; ++b) {
     std::vector<cgtp_emu_warp> warps(block / 32);
+    std::barrier<> block_meet(block);
+    cgtp_emu_block_meet = &block_meet;
     std::vector<std::thread> threads;
     threads.reserve(block);
     for (int t = 0; t < block; ++t) {

@@ -107,10 +107,11 @@ FILL_MIN_SPAN = 8
 # the SM's instruction cache, each warp then fetches its own instructions: l5-c32's forward and
 # nequip-revmd17-benzene's backward (410 and 244 KB of code, NVRTC for sm_90) spent 29.5 of 32.2
 # and 16.1 of 19.0 cycles per issued instruction waiting for an instruction fetch, against 4.9
-# cycles in all for the atomic walks, whose warps run equal spans in step (H100). Blocks of
-# LOCKSTEP_RUN_WARPS warps walk consecutive runs together and meet at a barrier before each group
-# of paths, so that one fetch of a group's code serves them all; 0 keeps one free warp per block.
-LOCKSTEP_RUN_WARPS = 4
+# cycles in all for the atomic walks, whose warps run equal spans in step (H100). Above T CG
+# terms (JointPass.cg_terms) of a ``(T, W)`` step of LOCKSTEP_WARPS, blocks of W warps walk
+# consecutive runs together and meet at a barrier before each group of paths, so that one fetch of
+# a group's code serves them all; below the first step, one free warp per block.
+LOCKSTEP_WARPS = ((1000, 4), (2048, 8))
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
 
@@ -272,6 +273,11 @@ class JointPass:
     by_destination: bool = False
     walk: bool = False  # inside each chunk, the tile's edges in order (every pass by destination)
 
+    @property
+    def cg_terms(self) -> int:
+        """The size of the pass's code: its paths' CG nonzeros, once per term."""
+        return len(self.terms) * sum(len(p.nonzeros) for *_, paths in self.blocks for p in paths)
+
     def reads(self, role: str) -> tuple[int, ...]:
         """The call inputs of ``role`` that the pass reads."""
         return tuple(a for r, a in self.arrays if r == role)
@@ -309,7 +315,7 @@ class KernelSchedule:
     # one wave (FILL_GRID): the launcher caps the grid at the GPU's resident blocks, and the
     # kernel spreads the edges evenly over the warps it got, in spans of at most ``tile`` edges
     fill: bool = False
-    # a walk over sorted runs whose block's warps walk consecutive runs in step (LOCKSTEP_RUN_WARPS)
+    # a walk over sorted runs whose block's warps walk consecutive runs in step (LOCKSTEP_WARPS)
     lockstep: bool = False
 
     @property
@@ -613,6 +619,13 @@ def _fit_shared_memory(kernel: KernelSchedule) -> KernelSchedule:
     return dataclasses.replace(kernel, warps_per_block=MAX_BLOCK_SHARED_BYTES // per_warp)
 
 
+def _lockstep_warps(joint: JointPass | None) -> int:
+    """The warps per block of a walk over sorted runs that walks them in step (LOCKSTEP_WARPS), or 0."""
+    if joint is None or not joint.walk:
+        return 0
+    return max((warps for terms, warps in LOCKSTEP_WARPS if joint.cg_terms > terms), default=0)
+
+
 def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
     """Split the call's outputs into launches: ``[(output indices, segment role or None)]``.
 
@@ -792,9 +805,9 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             stream,
             edge_sums,
         )
-        if segment_role and joint is not None and joint.walk and LOCKSTEP_RUN_WARPS and not any(
-                o.kind == SHARED for o in outputs):
-            kernel = dataclasses.replace(kernel, warps_per_block=LOCKSTEP_RUN_WARPS, lockstep=True)
+        lockstep = _lockstep_warps(joint) if segment_role and not any(o.kind == SHARED for o in outputs) else 0
+        if lockstep:
+            kernel = dataclasses.replace(kernel, warps_per_block=lockstep, lockstep=True)
         kernel = _fit_shared_memory(kernel)
         if edges is not None and joint is None and stream is None:
             segments = call.row_count(segment_role) if segment_role else 0

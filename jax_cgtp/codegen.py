@@ -63,11 +63,13 @@ def _streamed_inputs(schedule: KernelSchedule) -> tuple[int, ...]:
     return tuple(a for role in ("y", "w") if schedule.call.kind(role) == BATCHED for a in joint.reads(role))
 
 
-def _owned_end(out, cur: str = "cur") -> tuple[str, str]:
+def _owned_end(schedule: KernelSchedule, out, cur: str = "cur") -> tuple[str, str]:
     """``(condition, row)`` of the flush that ends a tile's walk: the run's node for an owned
-    output when the tile holds edges of its run (written even when none of them was valid), else
-    the row ``cur`` last accumulated."""
-    return ("owned && count > 0", "seg") if out.flush == "own" else (f"{cur} >= 0", cur)
+    output (written even when no edge of the tile was valid; in a lockstep walk, when the tile
+    holds edges of the run), else the row ``cur`` last accumulated."""
+    if out.flush != "own":
+        return f"{cur} >= 0", cur
+    return ("owned && count > 0" if schedule.lockstep else "owned"), "seg"
 
 
 def _emit_group_barrier(w: Writer, schedule: KernelSchedule) -> None:
@@ -165,8 +167,8 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w(f"// rows_{r} hold the edges whose {r}-index is out of range (their per-edge outputs get zeros)")
         w.open(f"for (long long run = {first}; run < rows_{r} + 2; run += {step})")
         w("const long long seg = run - 1;")
-        w("long long seg_begin, seg_end;")
-        w(f"cgtp_run(off_{r}, seg, rows_{r}, num_edges, seg_begin, seg_end);")
+        w(f"const long long seg_begin = seg < 0 ? 0 : (long long)off_{r}[seg];")
+        w(f"const long long seg_end = seg < rows_{r} ? (long long)off_{r}[seg + 1] : num_edges;")
         _emit_owned_zeros(w, schedule)
         w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
         w("const bool fresh = first == seg_begin;  // the run's first edges store, later ones add")
@@ -297,7 +299,7 @@ def _emit_slot(w: Writer, schedule: KernelSchedule, slot: Slot, chunks: tuple[in
         _emit_flush(w, schedule, slot, "e")
     w.close()
     if out.kind != BATCHED:
-        condition, row = _owned_end(out)
+        condition, row = _owned_end(schedule, out)
         w.open(f"if ({condition})")
         _emit_flush(w, schedule, slot, row)
         w.close()
@@ -777,7 +779,7 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
             w("__syncwarp();")
         w.close()
         if held:
-            condition, row = _owned_end(z_out)
+            condition, row = _owned_end(schedule, z_out)
             w.open(f"if ({condition})")
             _emit_z_flush(w, schedule, paths, accumulators, row)
             w.close()
@@ -895,12 +897,12 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
             emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
         w.close()
         if "x" in outs:
-            condition, row = _owned_end(x_out, "cur_x")
+            condition, row = _owned_end(schedule, x_out, "cur_x")
             w.open(f"if ({condition})")
             _emit_joint_flush(w, schedule, "x", x_offset, dim, row=row, add=added)
             w.close()
         if z_out is not None:
-            condition, row = _owned_end(z_out)
+            condition, row = _owned_end(schedule, z_out)
             w.open(f"if ({condition})")
             _emit_z_flush(w, schedule, paths, accumulators, row)
             w.close()

@@ -110,8 +110,15 @@ FILL_MIN_SPAN = 8
 # cycles in all for the atomic walks, whose warps run equal spans in step (H100). Above T CG
 # terms (JointPass.cg_terms) of a ``(T, W)`` step of LOCKSTEP_WARPS, blocks of W warps walk
 # consecutive runs together and meet at a barrier before each group of paths, so that one fetch of
-# a group's code serves them all; below the first step, one free warp per block.
-LOCKSTEP_WARPS = ((1000, 4), (2048, 8))
+# a group's code serves them all; below the first step, one free warp per block. Measured (H100,
+# same process, time in lockstep over one free warp per block): l5-c32 (5,265-15,795 terms)
+# 0.19-0.32x with 8 warps and 0.34-0.43x with 4 in float32; nequip-revmd17-benzene's backward
+# (3,666) 0.45x with 8, 0.54x with 4, its forward (1,222) 0.66x with 4, 0.83x with 8;
+# sevennet-l3-c32's backward (1,833) 0.74-0.82x; nequip-lips' (822) 0.85x (float64) and 0.96x with
+# 4. Below 800 terms the barrier's wait for the block's longest run costs more than it saves:
+# 1.04-1.07x on the forwards of sevennet-l3-c32 (611) and mace-l2-c128 (351) and the backwards of
+# nequip-l2-c32 (411) and mace-medium (174), 0.98-1.00x on mace-large's backward (645).
+LOCKSTEP_WARPS = ((800, 4), (2048, 8))
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
 

@@ -17,3 +17,18 @@ def lower_for_sm90(monkeypatch, tmp_path):
     cuda_lowering.device_arch.cache_clear()
     yield
     cuda_lowering.device_arch.cache_clear()
+
+
+@pytest.fixture
+def planned_with(monkeypatch):
+    """``planned_with(ATTR=value, ...)`` sets scheduler settings for one test; plans are cached
+    per call, so the cache is cleared when they are set and after the test."""
+    from jax_cgtp import schedule
+
+    def assign(**settings):
+        for name, value in settings.items():
+            monkeypatch.setattr(schedule, name, value)
+        cuda_lowering._plan.cache_clear()
+
+    yield assign
+    cuda_lowering._plan.cache_clear()

@@ -288,6 +288,34 @@ def test_deterministic_forward_owns_each_node():
         assert nvrtc.compile_cubin(source, "sm_90", "the deterministic forward")
 
 
+def test_deterministic_walks_of_long_code_run_in_lockstep():
+    """A walk over sorted runs keeps one free warp per block up to the first LOCKSTEP_WARPS step of
+    CG terms; above it, blocks of W warps walk consecutive runs together and meet before each
+    group of paths."""
+    kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
+    def up_to(lmax, irreps_in1, irreps_in2):  # the outputs of l <= lmax (sevennet-l3-c32 and l5-c32)
+        return jax_cgtp.channelwise_tensor_product(irreps_in1, irreps_in2, filter_ir_out=[
+            f"{l}{p}" for l in range(lmax + 1) for p in "eo"]).problem
+
+    l3 = up_to(3, "32x0e+32x1o+32x2e+32x3o", "0e+1o+2e+3o")
+    l5 = up_to(5, "32x0e+32x1o+32x2e+32x3o+32x4e+32x5o", "0e+1o+2e+3o+4e+5o")
+    rows = (1000, None, None, 1000)
+    (short,) = schedule.plan(forward_call(l3, kinds, rows, deterministic=True), "float", "int")
+    (middle,) = schedule.plan(backward_call(l3, kinds, rows=rows, deterministic=True), "float", "int")
+    (long,) = schedule.plan(forward_call(l5, kinds, rows, deterministic=True), "float", "int")
+    assert [k.joint.cg_terms for k in (short, middle, long)] == [611, 1833, 5265]
+    (low, four), (high, eight) = schedule.LOCKSTEP_WARPS
+    assert short.joint.cg_terms <= low < middle.joint.cg_terms <= high < long.joint.cg_terms
+    assert not short.lockstep and short.warps_per_block == 1
+    for kernel, warps in ((middle, four), (long, eight)):
+        assert kernel.lockstep and kernel.warps_per_block == warps
+        assert kernel.grid(10**5, 1000) == -(-1002 // warps)  # a warp per run
+        source = codegen.generate(kernel)
+        assert source.count("__syncthreads();") == len(kernel.joint.blocks)
+        assert f"cgtp_longest_run(off_{kernel.segment_role}, base - 1, {warps}," in source
+    assert "__syncthreads" not in codegen.generate(short)
+
+
 def test_shared_weight_gradient_is_a_per_warp_partial():
     call = backward_call(mace_problem(), (BATCHED, BATCHED, SHARED, BATCHED))
     (kernel,) = schedule.plan(call, "float", "int")

@@ -156,6 +156,23 @@ def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, determin
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
+@pytest.mark.parametrize("warps, one_block", [(2, False), (4, False), (4, True)])
+@pytest.mark.parametrize("num_nodes, num_edges", [(4, 100), (9, 60)])
+def test_deterministic_walks_in_lockstep_match_reference(warps, one_block, num_nodes, num_edges, planned_with):
+    """Every walk over sorted runs in lockstep (``schedule.LOCKSTEP_WARPS``): the block's warps
+    walk consecutive runs as long as the longest (a 90-edge run beside empty ones with 4 nodes),
+    out-of-range indices and isolated nodes included; ``one_block``: a grid of one block walks
+    every run in turn."""
+    planned_with(LOCKSTEP_WARPS=((0, warps),), **({"MAX_BLOCKS": 1} if one_block else {}))
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
+    args = random_graph(jax.random.PRNGKey(num_nodes), kernels, num_nodes, num_edges, jnp.float64, bad_fraction=0.1)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, kernels, num_nodes))(*args)
+    walks = [k for k in kernel_emulator.launched()[before:] if k.tiling == "segments"]
+    assert walks and all(k.lockstep and k.warps_per_block == warps for k in walks)
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, num_nodes))(*args), jnp.float64)
+
+
 @pytest.mark.parametrize("resident_blocks", [1, 3, 10**6])
 def test_filling_launches_spread_the_edges_over_the_warps_they_get(resident_blocks, monkeypatch):
     """600 edges over the warps of 1 or 3 resident blocks (rounds of 30 and 25 edges per warp), or

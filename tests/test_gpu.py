@@ -295,11 +295,23 @@ def test_deterministic_runs_longer_than_a_tile(joint):
     _assert_conv_members_match(cuda, reference, 5, args, jnp.float64)
 
 
-@pytest.mark.parametrize("plan", ["slots", "joint", "stream"])
-def test_deterministic_convolution_is_bitwise_reproducible(plan):
-    """Slot by slot (a random problem), by joint passes (spherical harmonics) and by weight
-    streams (a fully connected product)."""
-    if plan == "joint":
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_deterministic_walks_in_lockstep_match_reference(dtype, planned_with):
+    """Every walk over sorted runs in blocks of 4 warps that walk consecutive runs in step (at the
+    library's thresholds only passes of long CG code do)."""
+    planned_with(LOCKSTEP_WARPS=((0, 4),))
+    cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
+    args = random_graph(jax.random.PRNGKey(47), cuda, 300, 5000, dtype, bad_fraction=0.05)
+    _assert_conv_members_match(cuda, reference, 300, args, dtype)
+
+
+@pytest.mark.parametrize("plan", ["slots", "joint", "lockstep", "stream"])
+def test_deterministic_convolution_is_bitwise_reproducible(plan, planned_with):
+    """Slot by slot (a random problem), by joint passes (spherical harmonics; walked in lockstep
+    too) and by weight streams (a fully connected product)."""
+    if plan == "lockstep":
+        planned_with(LOCKSTEP_WARPS=((0, 4),))
+    if plan in ("joint", "lockstep"):
         cuda, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
     elif plan == "stream":
         cuda, _ = fully_connected_pair(jax_cgtp.TensorProductConv, deterministic=True)

@@ -156,8 +156,8 @@ def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, determin
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
-@pytest.mark.parametrize("warps, one_block", [(2, False), (4, False), (4, True)])
-@pytest.mark.parametrize("num_nodes, num_edges", [(4, 100), (9, 60)])
+@pytest.mark.parametrize("warps, one_block, num_nodes, num_edges", [(2, False, 9, 60), (4, False, 4, 100),
+                                                                    (4, True, 9, 60)])
 def test_deterministic_walks_in_lockstep_match_reference(warps, one_block, num_nodes, num_edges, planned_with):
     """Every walk over sorted runs in lockstep (``schedule.LOCKSTEP_WARPS``): the block's warps
     walk consecutive runs as long as the longest (a 90-edge run beside empty ones with 4 nodes),

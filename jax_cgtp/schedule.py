@@ -800,6 +800,8 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y)
         if stream is not None:
             stage, transpose = stream_buffers(stream, call.problem), 0
+        own_runs = segment_role and not any(o.kind == SHARED for o in outputs)  # a warp per run, no partials
+        lockstep = _lockstep_warps(joint) if own_runs else 0
         kernel = KernelSchedule(
             call, dtype, index_dtype, tuple(outputs), tuple(slots),
             "segments" if segment_role else "tiles",
@@ -807,14 +809,12 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             segment_role,
             tuple(stage.items()) if stream is not None else tuple((r, stage[r]) for r in OPERANDS if r in stage),
             transpose,
-            1 if segment_role and not any(o.kind == SHARED for o in outputs) else WARPS_PER_BLOCK,
+            lockstep or (1 if own_runs else WARPS_PER_BLOCK),
             joint,
             stream,
             edge_sums,
+            lockstep=bool(lockstep),
         )
-        lockstep = _lockstep_warps(joint) if segment_role and not any(o.kind == SHARED for o in outputs) else 0
-        if lockstep:
-            kernel = dataclasses.replace(kernel, warps_per_block=lockstep, lockstep=True)
         kernel = _fit_shared_memory(kernel)
         if edges is not None and joint is None and stream is None:
             segments = call.row_count(segment_role) if segment_role else 0

@@ -2,8 +2,9 @@
 //
 // Every thread of a block is a std::thread; the 32 threads of a warp meet at a std::barrier for
 // __syncwarp and for each shuffle (a value is published, the warp meets, the source lane's value
-// is read, the warp meets again), and the block's threads at another for __syncthreads. This is exact for code whose warp-synchronous operations run in
-// warp-uniform control flow with the full mask, which the generated kernels require anyway.
+// is read, the warp meets again), and the block's threads at another for __syncthreads. This is
+// exact for code whose warp-synchronous operations run in warp-uniform control flow with the full
+// mask, which the generated kernels require anyway.
 // Blocks run one after the other, so one static buffer serves as every block's shared memory.
 // Timing means nothing here: only the arithmetic and the memory accesses are checked.
 #include <atomic>

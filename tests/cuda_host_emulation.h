@@ -1,16 +1,20 @@
 // Just enough of CUDA to run jax_cgtp's generated kernels on the host, for tests without a GPU.
 //
-// Every thread of a block is a std::thread; the 32 threads of a warp meet at a std::barrier for
-// __syncwarp and for each shuffle (a value is published, the warp meets, the source lane's value
-// is read, the warp meets again), and the block's threads at another for __syncthreads. This is
-// exact for code whose warp-synchronous operations run in warp-uniform control flow with the full
-// mask, which the generated kernels require anyway.
+// Every thread of a block is a fiber (a ucontext with its own stack), and a block's fibers take
+// turns on the calling thread: a fiber runs until it waits at a barrier, then the next one runs.
+// The 32 threads of a warp meet at a barrier for __syncwarp and for each shuffle (a value is
+// published, the warp meets, the source lane's value is read, the warp meets again), and the
+// block's threads at another for __syncthreads. This is exact for code whose warp-synchronous
+// operations run in warp-uniform control flow with the full mask, which the generated kernels
+// require anyway; a launch where every waiting thread waits forever returns an error.
 // Blocks run one after the other, so one static buffer serves as every block's shared memory.
 // Timing means nothing here: only the arithmetic and the memory accesses are checked.
+#include <sys/mman.h>
+#include <ucontext.h>
+
 #include <atomic>
-#include <barrier>
+#include <cstddef>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #define __global__
@@ -24,30 +28,53 @@ struct cgtp_emu_dim3 {
   unsigned x = 0, y = 0, z = 0;
 };
 
+// A barrier of `expected` threads: the last to arrive opens it, the others take turns until then.
+struct cgtp_emu_barrier {
+  int expected = 0, arrived = 0;
+  unsigned long long generation = 0;
+};
+
 struct cgtp_emu_warp {
-  std::barrier<> meet{32};
+  cgtp_emu_barrier meet{32};
   alignas(8) unsigned char slots[32][8];
 };
 
-inline thread_local cgtp_emu_dim3 threadIdx, blockIdx;
-inline cgtp_emu_dim3 blockDim, gridDim;
-inline thread_local cgtp_emu_warp* cgtp_emu_my_warp = nullptr;
-inline std::barrier<>* cgtp_emu_block_meet = nullptr;  // the running block's (one block at a time)
+inline cgtp_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;  // threadIdx: the running fiber's
+inline cgtp_emu_warp* cgtp_emu_my_warp = nullptr;
+inline cgtp_emu_barrier* cgtp_emu_block_meet = nullptr;  // the running block's (one block at a time)
+inline ucontext_t cgtp_emu_scheduler;
+inline ucontext_t* cgtp_emu_running = nullptr;  // the running fiber's context
+inline unsigned long long cgtp_emu_arrivals = 0;  // barrier arrivals so far: progress
+inline bool cgtp_emu_waiting = false;  // the fiber that switched back waits at a barrier
 
 alignas(16) unsigned char cgtp_smem[1 << 17];
 
-inline void __syncwarp(unsigned = 0xffffffffu) { cgtp_emu_my_warp->meet.arrive_and_wait(); }
-inline void __syncthreads() { cgtp_emu_block_meet->arrive_and_wait(); }
+inline void cgtp_emu_arrive_and_wait(cgtp_emu_barrier& barrier) {
+  ++cgtp_emu_arrivals;
+  const unsigned long long generation = barrier.generation;
+  if (++barrier.arrived == barrier.expected) {
+    barrier.arrived = 0;
+    ++barrier.generation;
+    return;
+  }
+  while (barrier.generation == generation) {
+    cgtp_emu_waiting = true;
+    swapcontext(cgtp_emu_running, &cgtp_emu_scheduler);
+  }
+}
+
+inline void __syncwarp(unsigned = 0xffffffffu) { cgtp_emu_arrive_and_wait(cgtp_emu_my_warp->meet); }
+inline void __syncthreads() { cgtp_emu_arrive_and_wait(*cgtp_emu_block_meet); }
 
 template <class V>
 inline V __shfl_sync(unsigned, V value, int source) {
   static_assert(sizeof(V) <= 8, "shuffles move at most 8 bytes");
   cgtp_emu_warp& warp = *cgtp_emu_my_warp;
   std::memcpy(warp.slots[threadIdx.x & 31], &value, sizeof(V));
-  warp.meet.arrive_and_wait();
+  cgtp_emu_arrive_and_wait(warp.meet);
   V result;
   std::memcpy(&result, warp.slots[source & 31], sizeof(V));
-  warp.meet.arrive_and_wait();
+  cgtp_emu_arrive_and_wait(warp.meet);
   return result;
 }
 
@@ -67,25 +94,52 @@ inline V atomicAdd(V* address, V value) {
 }
 
 // Run `kernel` (a callable taking no arguments, the kernel call bound to its parameters) on a
-// grid of `grid` blocks of `block` threads.
+// grid of `grid` blocks of `block` threads. Returns 0, or 1 where a block's threads all wait at
+// barriers that cannot open (a barrier in divergent control flow).
 template <class Kernel>
-void cgtp_emu_launch(long long grid, int block, Kernel kernel) {
+int cgtp_emu_launch(long long grid, int block, Kernel kernel) {
+  constexpr std::size_t stack_bytes = std::size_t{1} << 21;
   gridDim.x = static_cast<unsigned>(grid);
   blockDim.x = static_cast<unsigned>(block);
-  for (long long b = 0; b < grid; ++b) {
+  const std::size_t bytes = stack_bytes * static_cast<std::size_t>(block);
+  void* stacks = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (stacks == MAP_FAILED) return 1;
+  static Kernel* body;
+  body = &kernel;
+  int status = 0;
+  for (long long b = 0; b < grid && status == 0; ++b) {
     std::vector<cgtp_emu_warp> warps(block / 32);
-    std::barrier<> block_meet(block);
+    cgtp_emu_barrier block_meet{block};
     cgtp_emu_block_meet = &block_meet;
-    std::vector<std::thread> threads;
-    threads.reserve(block);
+    blockIdx.x = static_cast<unsigned>(b);
+    std::vector<ucontext_t> fibers(block);
+    std::vector<char> done(block, 0);
     for (int t = 0; t < block; ++t) {
-      threads.emplace_back([&, t] {
-        threadIdx.x = static_cast<unsigned>(t);
-        blockIdx.x = static_cast<unsigned>(b);
-        cgtp_emu_my_warp = &warps[t / 32];
-        kernel();
-      });
+      getcontext(&fibers[t]);
+      fibers[t].uc_stack.ss_sp = static_cast<char*>(stacks) + stack_bytes * t;
+      fibers[t].uc_stack.ss_size = stack_bytes;
+      fibers[t].uc_link = &cgtp_emu_scheduler;
+      makecontext(&fibers[t], +[] { (*body)(); }, 0);
     }
-    for (auto& thread : threads) thread.join();
+    for (int live = block; live > 0;) {
+      const unsigned long long arrivals = cgtp_emu_arrivals;
+      const int live_before = live;
+      for (int t = 0; t < block; ++t) {
+        if (done[t]) continue;
+        threadIdx.x = static_cast<unsigned>(t);
+        cgtp_emu_my_warp = &warps[t / 32];
+        cgtp_emu_running = &fibers[t];
+        cgtp_emu_waiting = false;
+        swapcontext(&cgtp_emu_scheduler, &fibers[t]);
+        done[t] = !cgtp_emu_waiting;  // it returned, or it switched back from a barrier
+        live -= done[t];
+      }
+      if (live == live_before && cgtp_emu_arrivals == arrivals) {
+        status = 1;
+        break;
+      }
+    }
   }
+  munmap(stacks, bytes);
+  return status;
 }

@@ -1,7 +1,7 @@
 """Run the generated CUDA kernels on the CPU, so their arithmetic is tested without a GPU.
 
-Each kernel's source is compiled as host C++ with ``cuda_host_emulation.h`` (threads for CUDA
-threads, barriers for warp synchronisation) and called through ``jax.pure_callback`` in place of
+Each kernel's source is compiled as host C++ with ``cuda_host_emulation.h`` (a fiber for each CUDA
+thread, barriers for warp synchronisation) and called through ``jax.pure_callback`` in place of
 the FFI launch. :func:`emulated_kernels` makes the CPU lowering of the ``cgtp`` primitive the CUDA
 lowering (``launch``: the same schedules, grids, partial rows and zeroing), so every jitted
 function, derivatives included, runs the kernels a GPU would run. Outputs a kernel overwrites
@@ -87,11 +87,12 @@ def _header() -> pathlib.Path:
 
 @functools.lru_cache(maxsize=None)
 def _library(source: str) -> ctypes.CDLL:
-    """The kernel compiled for the host, with ``cgtp_emu_run(buffers, scalars, grid, block)``."""
+    """The kernel compiled for the host, with ``cgtp_emu_run(buffers, scalars, grid, block)`` (0, or
+    1 where the launch could not run)."""
     wrapper = (
         f"{source}\n"
-        'extern "C" void cgtp_emu_run(void** buffers, const long long* scalars, long long grid, int block) {\n'
-        f"  cgtp_emu_launch(grid, block, [&] {{ {codegen.KERNEL_NAME}({_call_arguments(source)}); }});\n"
+        'extern "C" int cgtp_emu_run(void** buffers, const long long* scalars, long long grid, int block) {\n'
+        f"  return cgtp_emu_launch(grid, block, [&] {{ {codegen.KERNEL_NAME}({_call_arguments(source)}); }});\n"
         "}\n"
     )
     name = hashlib.sha256(wrapper.encode()).hexdigest()[:20]
@@ -102,7 +103,20 @@ def _library(source: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library))
     lib.cgtp_emu_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong),
                                  ctypes.c_longlong, ctypes.c_int]
+    lib.cgtp_emu_run.restype = ctypes.c_int
     return lib
+
+
+def launch(source: str, pointers: list[int], scalars: np.ndarray, grid: int, block: int) -> None:
+    """Run the kernel of ``source`` on ``grid`` blocks of ``block`` threads, its pointer parameters
+    bound to ``pointers`` and its ``long long`` ones to ``scalars``, in order. Raises where the
+    launch cannot finish: its threads wait at barriers that cannot open."""
+    buffers = (ctypes.c_void_p * len(pointers))(*pointers)
+    values = np.ascontiguousarray(scalars, np.int64)
+    if grid > 0 and _library(source).cgtp_emu_run(
+            buffers, values.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong)), grid, block):
+        raise RuntimeError(f"emulated launch of {grid} x {block} threads: its threads wait at barriers that "
+                           "cannot open, or their stacks could not be mapped")
 
 
 def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
@@ -115,14 +129,9 @@ def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
     def host(*arrays):
         inputs = [np.ascontiguousarray(a) for a in arrays]
         outputs = [np.zeros(s.shape, s.dtype) if z else np.full(s.shape, np.nan, s.dtype) for s, z in zip(shapes, zero)]
-        pointers = [a.ctypes.data for a in inputs + outputs]
-        buffers = (ctypes.c_void_p * len(pointers))(*pointers)
-        values = np.ascontiguousarray(scalars, np.int64)
         with _one_launch:
             _launched.append(kernel)
-            if grid > 0:
-                _library(source).cgtp_emu_run(buffers, values.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong)),
-                                              grid, kernel.block)
+            launch(source, [a.ctypes.data for a in inputs + outputs], scalars, grid, kernel.block)
         return outputs
 
     return jax.pure_callback(host, shapes, *args)

@@ -10,6 +10,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, members, pair,
                             high_l_pair, random_graph, second_derivatives, spherical_harmonics_pair,
@@ -341,3 +342,22 @@ def test_weight_streams_of_the_convolution_match_reference(sorted_by_dst, determ
     streamed = _streamed(before)
     assert {"z": 0} in streamed and {"x": 0, "y": 1, "w": 2} in streamed
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+
+
+def _shuffle_kernel(guard: str) -> str:
+    """A warp reverses its lanes' values through a shuffle, the shuffle under ``guard``."""
+    return (f'typedef float T;\nextern "C" __global__ void {kernel_emulator.codegen.KERNEL_NAME}(\n    T* out) {{\n'
+            f"  T v = threadIdx.x;\n  if ({guard}) v = __shfl_sync(0xffffffffu, v, 31 - (threadIdx.x & 31));\n"
+            "  out[blockIdx.x * blockDim.x + threadIdx.x] = v;\n}\n")
+
+
+def test_emulator_runs_warp_synchronous_code():
+    out = np.full(2 * 64, np.nan, np.float32)
+    kernel_emulator.launch(_shuffle_kernel("true"), [out.ctypes.data], np.zeros(0), grid=2, block=64)
+    np.testing.assert_array_equal(out, np.tile(np.concatenate([31 - np.arange(32), 63 - np.arange(32)]), 2))
+
+
+def test_emulator_reports_a_barrier_in_divergent_control_flow():
+    out = np.zeros(64, np.float32)
+    with pytest.raises(RuntimeError, match="barriers that cannot open"):
+        kernel_emulator.launch(_shuffle_kernel("threadIdx.x < 16"), [out.ctypes.data], np.zeros(0), grid=1, block=64)

@@ -100,6 +100,16 @@ __device__ __forceinline__ void cgtp_copy_async(T* __restrict__ dst, const T* __
   }
 }
 
+// The same as `cgtp_stage` (`count` elements, rows of `S` into rows of `SP`), copied asynchronously.
+template <int S, int SP>
+__device__ __forceinline__ void cgtp_stage_async(T* __restrict__ dst, const T* __restrict__ src, int count, int lane) {
+#pragma unroll
+  for (int r = 0; r < S; ++r) {
+    const int q = r * 32 + lane;
+    if (q < count) cgtp_copy_element(dst + ((SP == S) ? q : (q / S) * SP + q % S), src + q);
+  }
+}
+
 __device__ __forceinline__ void cgtp_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -21,10 +21,10 @@ from .operands import BATCHED, INDEXED, SHARED
 from .codegen_stream import emit_stream
 from .cuda_text import Writer, cg_sums, emit_edge_header, emit_transposed_sum, lane_row, literal, put, row_of
 from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, Contribution, Factor, JointPath, KernelSchedule,
-                       Slot, slot_chunks, stage_width)
+                       Slot, ahead_slot, slot_chunks, stage_width)
 
 _HEADER = "cgtp_device.cuh"
-_BUFFERS = {"ring": "ring of weight items", "row": "output row summed over paths", "t": "t[u, k] of one item"}
+_BUFFERS = {"ahead": "ring of look-ahead slots (x rows, weights)", "ring": "ring of weight items", "row": "output row summed over paths", "t": "t[u, k] of one item"}
 KERNEL_NAME = "cgtp_kernel"
 
 
@@ -734,6 +734,77 @@ def _emit_x_from_ahead(w: Writer, schedule: KernelSchedule, dim: int) -> bool:
     return dim > 1
 
 
+def _ring_layout(schedule: KernelSchedule, dim: int, paths):
+    """Where a look-ahead slot holds each x input's 32 staged rows (by suffix) and each weighted
+    path's 32 weights (by ``(instruction index, w input)``), and the slot's size."""
+    joint = schedule.joint
+    width = stage_width(dim)
+    x_parts = {joint.suffix("x", a): n * WARP * width for n, a in enumerate(joint.reads("x"))}
+    offset = len(x_parts) * WARP * width
+    w_parts = {}
+    for a in joint.reads("w"):
+        for p in _weighted(schedule, paths):
+            w_parts[p.ins_index, a] = offset
+            offset += WARP
+    return x_parts, w_parts, ahead_slot(joint, dim, paths)
+
+
+def _emit_ring_fetch(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str) -> None:
+    """Copy the operands of the tile's edge ``edge`` for this chunk into its look-ahead slot
+    (nothing when the edge is past the tile or invalid), and commit them as one group."""
+    joint = schedule.joint
+    problem = schedule.call.problem
+    x_parts, w_parts, size = _ring_layout(schedule, dim, paths)
+    weighted = _weighted(schedule, paths)
+    w.open("")
+    w(f"const int ta = {edge};")
+    w("const bool ok_a = ta < count && __shfl_sync(CGTP_FULL_MASK, (int)my_ok, ta) != 0;")
+    rows = _ahead_rows(w, schedule, (["x"] if x_parts else []) + (["w"] if weighted else []))
+    w(f"T* const slot_a = stage_ahead + (ta % {schedule.ahead + 1}) * {size};")
+    w.open("if (ok_a)")
+    for a in joint.reads("x"):
+        w(f"cgtp_stage_async<{dim}, {stage_width(dim)}>(slot_a + {x_parts[joint.suffix('x', a)]}, in{a} + "
+          f"{rows['x']} * {problem.operand_dim('x')}LL + {x_offset} + c * {WARP * dim}LL, nrows * {dim}, lane);")
+    for a in joint.reads("w") if weighted else ():
+        s = joint.suffix("w", a)
+        w(f"const T* const pw{s}_a = in{a} + {rows['w']} * {problem.operand_dim('w')}LL;")
+        for p in weighted:
+            w(f"if (active) cgtp_copy_element(slot_a + {w_parts[p.ins_index, a]} + lane, pw{s}_a + {p.w_offset} + lc);")
+    w.close()
+    w("cgtp_commit();  // one group per edge, empty past the tile")
+    w.close()
+
+
+def _emit_ring_fill(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths) -> None:
+    """Start the look-ahead: the copies of the tile's first ``ahead`` edges."""
+    w(f"// the x chunk and weights of the edge {schedule.ahead} ahead are copied into the ring while the current "
+      "edge computes")
+    w("__syncwarp();  // the ring's last readers are done")
+    for d in range(schedule.ahead):
+        _emit_ring_fetch(w, schedule, x_offset, dim, paths, str(d))
+
+
+def _take_ring(w: Writer, schedule: KernelSchedule, dim: int, paths) -> dict[tuple[int, int], str]:
+    """Wait for edge ``t``'s slot, point ``slot`` at it and take its weights (returned by
+    ``(instruction index, w input)``); its x values are read later (:func:`_emit_x_from_ring`)."""
+    _, w_parts, size = _ring_layout(schedule, dim, paths)
+    w(f"cgtp_wait<{schedule.ahead - 1}>();  // edge t's copies have landed")
+    w("__syncwarp();  // and every lane's are visible")
+    w(f"const T* const slot = stage_ahead + (t % {schedule.ahead + 1}) * {size};")
+    return _declare_weights(w, schedule, paths,
+                            lambda s, p: f"active ? slot[{w_parts[p.ins_index, int(s or schedule.joint.reads('w')[0])]} "
+                                         "+ lane] : T(0)")
+
+
+def _emit_x_from_ring(w: Writer, schedule: KernelSchedule, dim: int, paths) -> None:
+    """Registers ``x{s}_q`` of this lane's channel from edge ``t``'s slot."""
+    x_parts, _, _ = _ring_layout(schedule, dim, paths)
+    width = stage_width(dim)
+    for s, offset in x_parts.items():
+        for q in range(dim):
+            w(f"const T x{s}_{q} = active ? slot[{offset} + lane * {width} + {q}] : T(0);")
+
+
 def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
     """The joint forward that walks the tile's edges: per x block (or group of its paths) and
     chunk, the tile's edges in order. A convolution accumulates every path's z chunk in registers
@@ -757,12 +828,19 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
         accumulators = _declare_z_chunks(w, paths) if held else [None] * len(paths)
         if tracked:
             w("long long cur = -1;")
-        _emit_ahead(w, schedule, x_offset, dim, paths)
+        if schedule.ahead:
+            _emit_ring_fill(w, schedule, x_offset, dim, paths)
+        else:
+            _emit_ahead(w, schedule, x_offset, dim, paths)
         w("#pragma unroll 1")
         w.open("for (int t = 0; t < count; ++t)")
         emit_edge_header(w, schedule)
-        weights = _take_ahead(w, schedule, dim, paths)
-        _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1")
+        if schedule.ahead:
+            weights = _take_ring(w, schedule, dim, paths)
+            _emit_ring_fetch(w, schedule, x_offset, dim, paths, f"t + {schedule.ahead}")
+        else:
+            weights = _take_ahead(w, schedule, dim, paths)
+            _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1")
         w("if (!ok) continue;")
         if tracked:
             w.open("if (cur >= 0 && ix_z != cur)")
@@ -772,7 +850,11 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
         w("const bool live = active;")
         if not y_values:
             _emit_joint_rows(w, schedule, ("y",))
-        staged = _emit_x_from_ahead(w, schedule, dim)
+        if schedule.ahead:
+            _emit_x_from_ring(w, schedule, dim, paths)
+            staged = False
+        else:
+            staged = _emit_x_from_ahead(w, schedule, dim)
         for path, names in zip(paths, accumulators):
             _emit_joint_path(w, schedule, path, weights, z_acc=names, y_values=y_values)
         if staged:

@@ -119,6 +119,10 @@ FILL_MIN_SPAN = 8
 # 1.04-1.07x on the forwards of sevennet-l3-c32 (611) and mace-l2-c128 (351) and the backwards of
 # nequip-l2-c32 (411) and mace-medium (174), 0.98-1.00x on mace-large's backward (645).
 LOCKSTEP_WARPS = ((800, 4), (2048, 8))
+# A forward walk loads each edge's x chunk and weights AHEAD_DEPTH edges ahead, copied
+# asynchronously (cp.async) into a ring of AHEAD_DEPTH + 1 shared-memory slots per warp; 0 loads
+# the next edge into registers instead.
+AHEAD_DEPTH = 2
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
 
@@ -324,6 +328,8 @@ class KernelSchedule:
     fill: bool = False
     # a walk over sorted runs whose block's warps walk consecutive runs in step (LOCKSTEP_WARPS)
     lockstep: bool = False
+    # a forward walk's look-ahead: edges loaded ahead into the ``ahead`` ring (0: the next, in registers)
+    ahead: int = 0
 
     @property
     def itemsize(self) -> int:
@@ -588,19 +594,29 @@ def _split_paths(blocks, fits):
     return result
 
 
-def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool) -> tuple[dict[str, int], int, int]:
+def ahead_slot(joint: JointPass, x_dim: int, paths) -> int:
+    """Elements of one slot of a forward walk's look-ahead ring for a block of ``paths`` (x of
+    dimension ``x_dim``): 32 staged x rows per x input, then 32 weights per weighted path and w input."""
+    weighted = sum(p.w_offset is not None for p in paths) if joint.reads("w") else 0
+    return WARP * (stage_width(x_dim) * len(joint.reads("x")) + weighted * len(joint.reads("w")))
+
+
+def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool, ahead: int) -> tuple[dict[str, int], int, int]:
     """Shared-memory elements per warp of a joint pass: the staged x (and, backward, z̄) chunks,
     the tile's y rows (``stage_y``: a by-destination pass reading per-edge y), the transposition
-    buffer of the outputs written by lanes (x̄ or z), and the ȳ rows of the tile that a
-    by-destination backward sums chunk by chunk."""
+    buffer of the outputs written by lanes (x̄ or z), the ȳ rows of the tile that a
+    by-destination backward sums chunk by chunk, and a forward walk's look-ahead ring of
+    ``ahead + 1`` slots (``ahead`` > 0), which stages its x rows in place of ``stage_x``."""
     outputs = dict(joint.outputs)
     backward = set(outputs) != {"z"}
     stage: dict[str, int] = {}
     transpose = 0
     for _, _, x_dim, paths in joint.blocks:
+        if ahead:
+            stage["ahead"] = max(stage.get("ahead", 0), (ahead + 1) * ahead_slot(joint, x_dim, paths))
         for p in paths:
             for role, dim in (("x", p.x_dim), ("z", p.z_dim)):
-                if dim > 1 and (role == "x" or backward):
+                if dim > 1 and (role == "x" and not ahead or backward):
                     stage[role] = max(stage.get(role, 0), WARP * stage_width(dim))
             out_dims = ([x_dim] if backward else []) + ([p.z_dim] if "z" in outputs else [])
             transpose = max([transpose] + [WARP * d for d in out_dims if d > 1])
@@ -795,9 +811,10 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             default=0,
         )
         edge_sums = 0
+        ahead = AHEAD_DEPTH if joint is not None and joint.walk and dict(joint.outputs).keys() == {"z"} else 0
         if joint is not None:
             stage_y = joint.walk and bool(joint.reads("y")) and call.kind("y") == BATCHED
-            stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y)
+            stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y, ahead)
         if stream is not None:
             stage, transpose = stream_buffers(stream, call.problem), 0
         own_runs = segment_role and not any(o.kind == SHARED for o in outputs)  # a warp per run, no partials
@@ -807,13 +824,15 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             "segments" if segment_role else "tiles",
             tile,
             segment_role,
-            tuple(stage.items()) if stream is not None else tuple((r, stage[r]) for r in OPERANDS if r in stage),
+            tuple(stage.items()) if stream is not None else tuple((r, stage[r]) for r in OPERANDS + ("ahead",)
+                                                                  if r in stage),
             transpose,
             lockstep or (1 if own_runs else WARPS_PER_BLOCK),
             joint,
             stream,
             edge_sums,
             lockstep=bool(lockstep),
+            ahead=ahead,
         )
         kernel = _fit_shared_memory(kernel)
         if edges is not None and joint is None and stream is None:

@@ -223,6 +223,24 @@ def test_long_code_walks_the_tile_in_path_groups(dtype):
     assert len(several.joint.blocks) == len({x_offset for x_offset, *_ in several.joint.blocks})
 
 
+@pytest.mark.parametrize("dtype", ["float", "double"])
+def test_only_the_convolution_forward_looks_ahead_through_a_ring(dtype):
+    """The forward by destination stages its x rows in the look-ahead ring (no ``stage_x``) of
+    ``AHEAD_DEPTH + 1`` slots, each the widest block's 32 x rows and weights; the product's walk
+    and the convolution's backward keep the next edge in registers."""
+    problem = mace_problem()
+    conv = (INDEXED, BATCHED, BATCHED, INDEXED)
+    (forward,) = schedule.plan(forward_call(problem, conv, rows=(10, None, None, 10)), dtype, "int")
+    buffers = dict(forward.stage_sizes)
+    assert forward.ahead == schedule.AHEAD_DEPTH > 0 and "x" not in buffers
+    assert buffers["ahead"] == (schedule.AHEAD_DEPTH + 1) * max(
+        schedule.ahead_slot(forward.joint, dim, paths) for _, _, dim, paths in forward.joint.blocks)
+    (backward,) = schedule.plan(backward_call(problem, conv, rows=(10, None, None, 10)), dtype, "int")
+    (walk,) = schedule.plan(forward_call(long_code_pair(kernels="auto")[0].problem, (BATCHED,) * 4), dtype, "int")
+    assert backward.ahead == walk.ahead == 0 and walk.joint.walk
+    assert "cgtp_stage_async<" in codegen.generate(forward) and "cgtp_stage_async<" not in codegen.generate(walk)
+
+
 @pytest.mark.parametrize("dtype, batches", [("float", [19]), ("double", [12, 7])])
 def test_joint_passes_bound_the_registers_of_high_l_products(dtype, batches):
     """25 y components are loaded by each path (through ``__ldca`` in float64; mace's 16 stay in

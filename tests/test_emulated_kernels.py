@@ -278,6 +278,29 @@ def test_high_l_convolution_backward_in_blocks_of_fewer_warps_matches_reference(
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
+@pytest.mark.parametrize("depth", [1, 3])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_convolution_forward_looks_ahead_through_a_ring(depth, deterministic, planned_with):
+    """The forward by destination copies each edge's x chunk and weights ``depth`` edges ahead into
+    a ring of ``depth + 1`` slots (``schedule.AHEAD_DEPTH``), and its JVP (x, y and w tangents:
+    two x and two w inputs) shares the slots between its inputs."""
+    planned_with(AHEAD_DEPTH=depth)
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto",
+                                                  deterministic=deterministic)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(depth), kernels, 9, 70, jnp.float64, bad_fraction=0.1)
+    tangents = tuple(jax.random.normal(jax.random.PRNGKey(7 + n), a.shape, a.dtype) for n, a in enumerate((x, y, w)))
+
+    def forward_and_jvp(conv, *primals):
+        return jax.jvp(lambda *a: conv(*a, src, dst, 9), primals, tangents)
+
+    before = _launches()
+    actual = jax.jit(functools.partial(forward_and_jvp, kernels))(x, y, w)
+    walks = [k for k in kernel_emulator.launched()[before:] if k.joint is not None and k.joint.by_destination]
+    assert walks and all(k.ahead == depth for k in walks)
+    assert any(len(k.joint.reads("w")) == 2 for k in walks)
+    assert_close(actual, jax.jit(functools.partial(forward_and_jvp, reference))(x, y, w), jnp.float64)
+
+
 @pytest.mark.parametrize("sorted_by_dst", [False, True])
 def test_convolution_forward_with_path_groups_matches_reference(sorted_by_dst):
     """In float64 the atomic forward by destination walks a wide block's paths group by group."""

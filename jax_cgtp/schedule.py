@@ -127,6 +127,9 @@ LOCKSTEP_WARPS = ((800, 4), (2048, 8))
 # forward 0.76-0.92x on every uvu public config in both dtypes but nequip-revmd17-benzene's float32
 # one (1.03x, a lockstep walk); the atomic forward 0.78-1.02x, and 1.04-1.10x on nequip-l2-c32
 # (80 to 96 registers). Depth 2 was the fastest of 1, 2 and 3 on 8 of the 14 atomic rows.
+# Walks in lockstep (long code) keep the registers: their blocks' warps share the shared memory
+# (l5-c32's float64 ring would leave room for 7 of 8), and nequip-revmd17-benzene's float32 one
+# took 1.03x its time.
 AHEAD_DEPTH = 2
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
@@ -816,14 +819,15 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             default=0,
         )
         edge_sums = 0
-        ahead = AHEAD_DEPTH if joint is not None and joint.by_destination and dict(joint.outputs).keys() == {"z"} else 0
+        own_runs = segment_role and not any(o.kind == SHARED for o in outputs)  # a warp per run, no partials
+        lockstep = _lockstep_warps(joint) if own_runs else 0
+        forward_walk = joint is not None and joint.by_destination and dict(joint.outputs).keys() == {"z"}
+        ahead = AHEAD_DEPTH if forward_walk and not lockstep else 0
         if joint is not None:
             stage_y = joint.walk and bool(joint.reads("y")) and call.kind("y") == BATCHED
             stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y, ahead)
         if stream is not None:
             stage, transpose = stream_buffers(stream, call.problem), 0
-        own_runs = segment_role and not any(o.kind == SHARED for o in outputs)  # a warp per run, no partials
-        lockstep = _lockstep_warps(joint) if own_runs else 0
         kernel = KernelSchedule(
             call, dtype, index_dtype, tuple(outputs), tuple(slots),
             "segments" if segment_role else "tiles",

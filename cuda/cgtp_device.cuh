@@ -19,15 +19,22 @@ __device__ __forceinline__ const T* cgtp_evict_first(const T* p) {
 #endif
 }
 
+// Where element `q` of contiguous rows of `S` elements lies in shared-memory rows of `SP` elements
+// (SP odd, so that lane-strided reads hit distinct banks).
+template <int S, int SP>
+__device__ __forceinline__ int cgtp_staged(int q) {
+  return (SP == S) ? q : (q / S) * SP + q % S;
+}
+
 // Copy `count` contiguous elements (rows of `S` elements, at most 32 rows) into shared memory
-// rows of `SP` elements (SP odd, so that lane-strided reads hit distinct banks).
+// rows of `SP` elements.
 template <int S, int SP>
 __device__ __forceinline__ void cgtp_stage(T* __restrict__ dst, const T* __restrict__ src, int count,
                                            int lane) {
 #pragma unroll
   for (int r = 0; r < S; ++r) {
     const int q = r * 32 + lane;
-    if (q < count) dst[(SP == S) ? q : (q / S) * SP + q % S] = src[q];
+    if (q < count) dst[cgtp_staged<S, SP>(q)] = src[q];
   }
 }
 
@@ -48,8 +55,7 @@ template <int S, int SP>
 __device__ __forceinline__ void cgtp_unpack(T* __restrict__ dst, const T (&raw)[S], int lane) {
 #pragma unroll
   for (int r = 0; r < S; ++r) {
-    const int q = r * 32 + lane;
-    dst[(SP == S) ? q : (q / S) * SP + q % S] = raw[r];
+    dst[cgtp_staged<S, SP>(r * 32 + lane)] = raw[r];
   }
 }
 
@@ -106,7 +112,7 @@ __device__ __forceinline__ void cgtp_stage_async(T* __restrict__ dst, const T* _
 #pragma unroll
   for (int r = 0; r < S; ++r) {
     const int q = r * 32 + lane;
-    if (q < count) cgtp_copy_element(dst + ((SP == S) ? q : (q / S) * SP + q % S), src + q);
+    if (q < count) cgtp_copy_element(dst + cgtp_staged<S, SP>(q), src + q);
   }
 }
 

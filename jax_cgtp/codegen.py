@@ -24,7 +24,8 @@ from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, Contribut
                        Slot, ahead_slot, slot_chunks, stage_width)
 
 _HEADER = "cgtp_device.cuh"
-_BUFFERS = {"ahead": "ring of look-ahead slots (x rows, weights)", "ring": "ring of weight items", "row": "output row summed over paths", "t": "t[u, k] of one item"}
+_BUFFERS = {"ahead": "ring of look-ahead slots (x rows, weights)", "ring": "ring of weight items",
+            "row": "output row summed over paths", "t": "t[u, k] of one item"}
 KERNEL_NAME = "cgtp_kernel"
 
 
@@ -735,8 +736,8 @@ def _emit_x_from_ahead(w: Writer, schedule: KernelSchedule, dim: int) -> bool:
 
 
 def _ring_layout(schedule: KernelSchedule, dim: int, paths):
-    """Where a look-ahead slot holds each x input's 32 staged rows (by suffix) and each weighted
-    path's 32 weights (by ``(instruction index, w input)``), and the slot's size."""
+    """Where a look-ahead slot holds each x input's 32 staged rows (by the input's suffix) and each
+    weighted path's 32 weights (by ``(instruction index, w input's suffix)``), and the slot's size."""
     joint = schedule.joint
     width = stage_width(dim)
     x_parts = {joint.suffix("x", a): n * WARP * width for n, a in enumerate(joint.reads("x"))}
@@ -744,7 +745,7 @@ def _ring_layout(schedule: KernelSchedule, dim: int, paths):
     w_parts = {}
     for a in joint.reads("w"):
         for p in _weighted(schedule, paths):
-            w_parts[p.ins_index, a] = offset
+            w_parts[p.ins_index, joint.suffix("w", a)] = offset
             offset += WARP
     return x_parts, w_parts, ahead_slot(joint, dim, paths)
 
@@ -769,7 +770,7 @@ def _emit_ring_fetch(w: Writer, schedule: KernelSchedule, x_offset: int, dim: in
         s = joint.suffix("w", a)
         w(f"const T* const pw{s}_a = in{a} + {rows['w']} * {problem.operand_dim('w')}LL;")
         for p in weighted:
-            w(f"if (active) cgtp_copy_element(slot_a + {w_parts[p.ins_index, a]} + lane, pw{s}_a + {p.w_offset} + lc);")
+            w(f"if (active) cgtp_copy_element(slot_a + {w_parts[p.ins_index, s]} + lane, pw{s}_a + {p.w_offset} + lc);")
     w.close()
     w("cgtp_commit();  // one group per edge, empty past the tile")
     w.close()
@@ -791,9 +792,7 @@ def _take_ring(w: Writer, schedule: KernelSchedule, dim: int, paths) -> dict[tup
     w(f"cgtp_wait<{schedule.ahead - 1}>();  // edge t's copies have landed")
     w("__syncwarp();  // and every lane's are visible")
     w(f"const T* const slot = stage_ahead + (t % {schedule.ahead + 1}) * {size};")
-    return _declare_weights(w, schedule, paths,
-                            lambda s, p: f"active ? slot[{w_parts[p.ins_index, int(s or schedule.joint.reads('w')[0])]} "
-                                         "+ lane] : T(0)")
+    return _declare_weights(w, schedule, paths, lambda s, p: f"active ? slot[{w_parts[p.ins_index, s]} + lane] : T(0)")
 
 
 def _emit_x_from_ring(w: Writer, schedule: KernelSchedule, dim: int, paths) -> None:

@@ -666,12 +666,11 @@ def _weight_batches(schedule: KernelSchedule, paths) -> list[list[JointPath]]:
     return batches
 
 
-def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str,
-                      x_condition: str = "") -> None:
-    """Load the operands of the tile's edge ``edge`` for this chunk into registers (``ax{s}``: the
-    chunk's coalesced elements of x input ``s``; ``aw{s}_n``: path n's weight in w input ``s``),
-    zero when the edge is past the tile or invalid (or ``x_condition`` is false), so that they are
-    in flight while the current edge computes."""
+def _open_edge_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths,
+                     edge: str) -> tuple[dict[int, str], dict[int, str]]:
+    """Open a block for the tile's edge ``edge``, loaded ahead: ``ta`` and ``ok_a`` (the edge is in
+    the tile and valid); returns the addresses of its x chunk in each x input and of its row in
+    each w input (none without a weighted path), by input."""
     joint = schedule.joint
     problem = schedule.call.problem
     weighted = _weighted(schedule, paths)
@@ -680,14 +679,26 @@ def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: i
     w(f"const int ta = {edge};")
     w("const bool ok_a = ta < count && __shfl_sync(CGTP_FULL_MASK, (int)my_ok, ta) != 0;")
     rows = _ahead_rows(w, schedule, (["x"] if xs else []) + (["w"] if weighted else []))
+    x_chunks = {a: f"in{a} + {rows['x']} * {problem.operand_dim('x')}LL + {x_offset} + c * {WARP * dim}LL" for a in xs}
+    w_rows = {a: f"in{a} + {rows['w']} * {problem.operand_dim('w')}LL" for a in joint.reads("w")} if weighted else {}
+    return x_chunks, w_rows
+
+
+def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str,
+                      x_condition: str = "") -> None:
+    """Load the operands of the tile's edge ``edge`` for this chunk into registers (``ax{s}``: the
+    chunk's coalesced elements of x input ``s``; ``aw{s}_n``: path n's weight in w input ``s``),
+    zero when the edge is past the tile or invalid (or ``x_condition`` is false), so that they are
+    in flight while the current edge computes."""
+    joint = schedule.joint
+    x_chunks, w_rows = _open_edge_ahead(w, schedule, x_offset, dim, paths, edge)
     condition = f"ok_a && ({x_condition})" if x_condition else "ok_a"
-    for a in xs:
-        w(f"cgtp_fetch<{dim}>(ax{joint.suffix('x', a)}, in{a} + {rows['x']} * {problem.operand_dim('x')}LL + "
-          f"{x_offset} + c * {WARP * dim}LL, nrows * {dim}, lane, {condition});")
-    for a in joint.reads("w") if weighted else ():
+    for a, chunk in x_chunks.items():
+        w(f"cgtp_fetch<{dim}>(ax{joint.suffix('x', a)}, {chunk}, nrows * {dim}, lane, {condition});")
+    for a, row in w_rows.items():
         s = joint.suffix("w", a)
-        w(f"const T* const pw{s}_a = in{a} + {rows['w']} * {problem.operand_dim('w')}LL;")
-        for p in weighted:
+        w(f"const T* const pw{s}_a = {row};")
+        for p in _weighted(schedule, paths):
             w(f"aw{s}_{p.ins_index} = ok_a && active ? pw{s}_a[{p.w_offset} + lc] : T(0);")
     w.close()
 
@@ -754,22 +765,17 @@ def _emit_ring_fetch(w: Writer, schedule: KernelSchedule, x_offset: int, dim: in
     """Copy the operands of the tile's edge ``edge`` for this chunk into its look-ahead slot
     (nothing when the edge is past the tile or invalid), and commit them as one group."""
     joint = schedule.joint
-    problem = schedule.call.problem
     x_parts, w_parts, size = _ring_layout(schedule, dim, paths)
-    weighted = _weighted(schedule, paths)
-    w.open("")
-    w(f"const int ta = {edge};")
-    w("const bool ok_a = ta < count && __shfl_sync(CGTP_FULL_MASK, (int)my_ok, ta) != 0;")
-    rows = _ahead_rows(w, schedule, (["x"] if x_parts else []) + (["w"] if weighted else []))
+    x_chunks, w_rows = _open_edge_ahead(w, schedule, x_offset, dim, paths, edge)
     w(f"T* const slot_a = stage_ahead + (ta % {schedule.ahead + 1}) * {size};")
     w.open("if (ok_a)")
-    for a in joint.reads("x"):
-        w(f"cgtp_stage_async<{dim}, {stage_width(dim)}>(slot_a + {x_parts[joint.suffix('x', a)]}, in{a} + "
-          f"{rows['x']} * {problem.operand_dim('x')}LL + {x_offset} + c * {WARP * dim}LL, nrows * {dim}, lane);")
-    for a in joint.reads("w") if weighted else ():
+    for a, chunk in x_chunks.items():
+        w(f"cgtp_stage_async<{dim}, {stage_width(dim)}>(slot_a + {x_parts[joint.suffix('x', a)]}, {chunk}, "
+          f"nrows * {dim}, lane);")
+    for a, row in w_rows.items():
         s = joint.suffix("w", a)
-        w(f"const T* const pw{s}_a = in{a} + {rows['w']} * {problem.operand_dim('w')}LL;")
-        for p in weighted:
+        w(f"const T* const pw{s}_a = {row};")
+        for p in _weighted(schedule, paths):
             w(f"if (active) cgtp_copy_element(slot_a + {w_parts[p.ins_index, s]} + lane, pw{s}_a + {p.w_offset} + lc);")
     w.close()
     w("cgtp_commit();  // one group per edge, empty past the tile")

@@ -129,7 +129,11 @@ LOCKSTEP_WARPS = ((800, 4), (2048, 8))
 # (80 to 96 registers). Depth 2 was the fastest of 1, 2 and 3 on 8 of the 14 atomic rows.
 # Walks in lockstep (long code) keep the registers: their blocks' warps share the shared memory
 # (l5-c32's float64 ring would leave room for 7 of 8), and nequip-revmd17-benzene's float32 one
-# took 1.03x its time.
+# took 1.03x its time. So does a float32 atomic walk in groups of paths (long code): l5-c32's
+# conv_fwd took 3.78 ms with depth 2, 2.85 with 3 and 2.23 with the registers (same process,
+# H100), at the same 168 registers; in float64 its ring is faster (2.48 ms against 2.62).
+# Depth 3 against 2 in the deterministic forward: 0.94-1.02x on six uvu configs in both dtypes
+# (0.97x and 0.99x on mace-l2-c128); in the atomic one 0.96-1.04x, and 1.13x on l5-c32 in float64.
 AHEAD_DEPTH = 2
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
@@ -650,6 +654,12 @@ def _fit_shared_memory(kernel: KernelSchedule) -> KernelSchedule:
     return dataclasses.replace(kernel, warps_per_block=MAX_BLOCK_SHARED_BYTES // per_warp)
 
 
+def _registers_ahead(joint: JointPass, itemsize: int) -> bool:
+    """A float32 forward walk in groups of paths (more code than GROUPED_TERMS_BY_DESTINATION) loads
+    the next edge into registers: with the ring, l5-c32's took 1.70x the time (AHEAD_DEPTH)."""
+    return itemsize == 4 and joint.cg_terms > GROUPED_TERMS_BY_DESTINATION
+
+
 def _lockstep_warps(joint: JointPass | None) -> int:
     """The warps per block of a walk over sorted runs that walks them in step (LOCKSTEP_WARPS), or 0."""
     if joint is None or not joint.walk:
@@ -822,7 +832,7 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
         own_runs = segment_role and not any(o.kind == SHARED for o in outputs)  # a warp per run, no partials
         lockstep = _lockstep_warps(joint) if own_runs else 0
         forward_walk = joint is not None and joint.by_destination and dict(joint.outputs).keys() == {"z"}
-        ahead = AHEAD_DEPTH if forward_walk and not lockstep else 0
+        ahead = AHEAD_DEPTH if forward_walk and not lockstep and not _registers_ahead(joint, itemsize) else 0
         if joint is not None:
             stage_y = joint.walk and bool(joint.reads("y")) and call.kind("y") == BATCHED
             stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y, ahead)

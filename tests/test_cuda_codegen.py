@@ -226,8 +226,9 @@ def test_long_code_walks_the_tile_in_path_groups(dtype):
 @pytest.mark.parametrize("dtype", ["float", "double"])
 def test_only_the_convolution_forward_looks_ahead_through_a_ring(dtype):
     """The forward by destination stages its x rows in the look-ahead ring (no ``stage_x``) of
-    ``AHEAD_DEPTH + 1`` slots, each the widest block's 32 x rows and weights; the product's walk
-    and the convolution's backward keep the next edge in registers."""
+    ``AHEAD_DEPTH + 1`` slots, each the widest block's 32 x rows and weights, but in float32 not
+    when it walks in groups of paths (long code); the product's walk and the convolution's
+    backward keep the next edge in registers."""
     problem = mace_problem()
     conv = (INDEXED, BATCHED, BATCHED, INDEXED)
     (forward,) = schedule.plan(forward_call(problem, conv, rows=(10, None, None, 10)), dtype, "int")
@@ -239,6 +240,10 @@ def test_only_the_convolution_forward_looks_ahead_through_a_ring(dtype):
     (walk,) = schedule.plan(forward_call(long_code_pair(kernels="auto")[0].problem, (BATCHED,) * 4), dtype, "int")
     assert backward.ahead == walk.ahead == 0 and walk.joint.walk
     assert "cgtp_stage_async<" in codegen.generate(forward) and "cgtp_stage_async<" not in codegen.generate(walk)
+    long_code = long_code_pair(kernels="auto")[0].problem
+    (grouped,) = schedule.plan(forward_call(long_code, conv, rows=(10, None, None, 10)), dtype, "int")
+    assert grouped.joint.cg_terms > schedule.GROUPED_TERMS_BY_DESTINATION
+    assert grouped.ahead == (0 if dtype == "float" else schedule.AHEAD_DEPTH)
 
 
 @pytest.mark.parametrize("dtype, batches", [("float", [19]), ("double", [12, 7])])

@@ -132,8 +132,14 @@ LOCKSTEP_WARPS = ((800, 4), (2048, 8))
 # took 1.03x its time. So does a float32 atomic walk in groups of paths (long code): l5-c32's
 # conv_fwd took 3.78 ms with depth 2, 2.85 with 3 and 2.23 with the registers (same process,
 # H100), at the same 168 registers; in float64 its ring is faster (2.48 ms against 2.62).
+# (Nsight Compute: 3.3 of its 6.1 cycles per issued instruction waiting on instruction fetch.)
 # Depth 3 against 2 in the deterministic forward: 0.94-1.02x on six uvu configs in both dtypes
 # (0.97x and 0.99x on mace-l2-c128); in the atomic one 0.96-1.04x, and 1.13x on l5-c32 in float64.
+# The backward walks keep the registers: the ring (x chunks when the source changes, weights, and in
+# the deterministic walk over runs by source the z̄ chunks when the destination changes) took the
+# atomic conv_bwd 1.03-1.34x the time on seven uvu configs and the deterministic one 1.04-1.69x at
+# depth 2 (depth 1: 1.03-1.34x and 1.01-1.39x), H100. Their registers hold accumulators more than
+# the next edge (mace-l2-c128's float32 atomic backward: 128 either way), and the slots cost warps.
 AHEAD_DEPTH = 2
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 

@@ -16,7 +16,6 @@ over rounds and its ratio to the first variant; ``--json`` keeps every round.
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib
 import json
 import statistics
@@ -29,6 +28,7 @@ from . import configs, timing
 from .inputs import GRAPHS
 from .profile import phase_and_arguments
 from .run import _list
+from .settings import check_assignments, parse_assignments
 
 
 def parse_variant(text: str) -> tuple[str, list[tuple[str, str, object]]]:
@@ -40,14 +40,7 @@ def parse_variant(text: str) -> tuple[str, list[tuple[str, str, object]]]:
     name, colon, assignments = text.partition(":")
     if not name or not colon:
         raise ValueError(f"--variant {text!r}: expected NAME:module.ATTR=VALUE;... (NAME: for no change)")
-    parsed = []
-    for assignment in filter(None, (a.strip() for a in assignments.split(";"))):
-        target, _, value = assignment.partition("=")
-        module, _, attribute = target.strip().rpartition(".")
-        if not module or not value:
-            raise ValueError(f"--variant {text!r}: {assignment!r} is not module.ATTR=VALUE")
-        parsed.append((module, attribute, ast.literal_eval(value.strip())))
-    return name, parsed
+    return name, parse_assignments(assignments)
 
 
 def _compile_with(assignments, fn, args):
@@ -114,11 +107,9 @@ def main(argv=None) -> list[dict]:
     try:
         variants = [parse_variant(v) for v in args.variant]
         for _, assignments in variants:
-            for module, attribute, _ in assignments:
-                if not hasattr(importlib.import_module(module), attribute):
-                    raise ValueError(f"--variant: {module} has no attribute {attribute}")
+            check_assignments(assignments)
     except (ValueError, SyntaxError, ImportError) as error:
-        parser.error(str(error))
+        parser.error(f"--variant: {error}")
     names = [name for name, _ in variants]
     if len(set(names)) != len(names):
         parser.error(f"--variant names must differ, got {names}")

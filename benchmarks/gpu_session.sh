@@ -31,10 +31,11 @@
 #                                     dtypes and arguments after -- (bench-TAG-base.json/txt;
 #                                     BASE_COMMIT names it); then
 #                                     this tree is built and everything else runs as usual
-#   --ncu SPECS      [NCU_SPECS]      after the benchmark, profile each CONFIG:PHASE:DTYPE[:LIB] of the
-#                                     comma-separated list with Nsight Compute (every kernel of one run
-#                                     after a warm-up; python -m benchmarks.profile; LIB jax_cgtp
-#                                     (default), jax_cgtp_det, cueq, oeq or e3nn): ncu.txt
+#   --ncu SPECS      [NCU_SPECS]      after the benchmark, profile each CONFIG:PHASE:DTYPE[:LIB[:SETTINGS]]
+#                                     of the comma-separated list with Nsight Compute (every kernel of one
+#                                     run after a warm-up; python -m benchmarks.profile; LIB jax_cgtp
+#                                     (default), jax_cgtp_det, cueq, oeq or e3nn; SETTINGS as
+#                                     benchmarks.profile's --set, e.g. jax_cgtp.schedule.AHEAD_DEPTH=0): ncu.txt
 # A copy of the tree without .git cannot name its commit, and the device's copy of .git can be
 # stale: pass JAX_CGTP_GIT_COMMIT=<sha[-dirty]> as a literal, taken from this machine's checkout.
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
@@ -192,14 +193,14 @@ fi
 if [ -n "$NCU_SPECS" ]; then
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
   for spec in ${NCU_SPECS//,/ }; do
-    IFS=: read -r cfg phase dtype lib <<<"$spec"
+    IFS=: read -r cfg phase dtype lib settings <<<"$spec"
     lib=${lib:-jax_cgtp}
-    step "Nsight Compute: $cfg $phase $dtype $lib (ncu.txt)"
-    echo "== $cfg $phase $dtype $lib" >>"$OUT/ncu.txt"
+    step "Nsight Compute: $cfg $phase $dtype $lib $settings (ncu.txt)"
+    echo "== $cfg $phase $dtype $lib $settings" >>"$OUT/ncu.txt"
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 "${NCU:-ncu}" --clock-control none --profile-from-start off \
       --section SpeedOfLight --section MemoryWorkloadAnalysis \
       --metrics dram__bytes_read.sum,dram__bytes_write.sum --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-      python3 -m benchmarks.profile "$cfg" "$phase" "$dtype" --lib "$lib" >>"$OUT/ncu.txt" 2>&1
+      python3 -m benchmarks.profile "$cfg" "$phase" "$dtype" --lib "$lib" --set "$settings" >>"$OUT/ncu.txt" 2>&1
     echo "ncu exit status $?" | tee -a "$SETUP"
   done
 fi

@@ -18,17 +18,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib
 import sys
 
 import jax
 import jax.numpy as jnp
 
 from jax_cgtp import schedule
-from jax_cgtp.cuda_lowering import planned_kernels
+from jax_cgtp.cuda_lowering import clear_kernel_caches, planned_kernels
 
 from . import configs, phases, problems
 from .inputs import make_inputs
 from .peers import LIBRARIES, OPTIONAL_LIBRARIES, adapter
+from .settings import check_assignments, parse_assignments
 
 
 def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concrete: bool = True,
@@ -56,8 +58,9 @@ def describe(kernel: schedule.KernelSchedule) -> str:
         joint = f"weight stream of {len(kernel.stream.items)} items per edge"
     else:
         joint = f"{len(kernel.slots)} slots"
+    ahead = f", look-ahead ring of {kernel.ahead + 1} slots" if kernel.ahead else ""
     return (f"[{outputs}] {joint}, tiles of {kernel.tile} edges ({kernel.tiling}), {kernel.num_groups} group(s), "
-            f"{kernel.shared_bytes} shared bytes per block")
+            f"{kernel.shared_bytes} shared bytes per block{ahead}")
 
 
 def main(argv=None) -> None:
@@ -71,9 +74,20 @@ def main(argv=None) -> None:
     parser.add_argument("--launches", action="store_true", help="print the launch count of one run and exit")
     parser.add_argument("--lib", default="jax_cgtp", choices=LIBRARIES + OPTIONAL_LIBRARIES,
                         help="the library whose phase runs (default jax_cgtp)")
+    parser.add_argument("--set", default="", metavar="module.ATTR=VALUE;...",
+                        help="settings of jax_cgtp's generator or scheduler, as benchmarks.ab's --variant takes them")
     args = parser.parse_args(argv)
     if args.launches and not args.lib.startswith("jax_cgtp"):
         parser.error("--launches plans jax_cgtp's kernels; it needs --lib jax_cgtp or jax_cgtp_det")
+    try:
+        settings = parse_assignments(args.set)
+        check_assignments(settings)
+    except (ValueError, SyntaxError, ImportError) as error:
+        parser.error(f"--set: {error}")
+    for module, attribute, value in settings:
+        setattr(importlib.import_module(module), attribute, value)
+    if settings:
+        clear_kernel_caches()  # launches planned under other settings
     jax.config.update("jax_enable_x64", True)
     fn, arguments = phase_and_arguments(args.config, args.phase, args.dtype, args.edges or configs.EDGES[args.dtype],
                                         concrete=not args.launches, lib=args.lib)

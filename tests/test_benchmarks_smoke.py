@@ -118,6 +118,23 @@ def test_profile_counts_the_launches_that_jit_keeps(lower_for_sm90, capsys):
     assert counts == {"conv_fwd": 1, "conv_bwd": 1, "conv_dbwd": 2}
 
 
+def test_profile_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, planned_with):
+    """``--set`` applies scheduler settings before the phase is traced (here: the forward's
+    look-ahead ring off), and refuses a setting that does not exist."""
+    from benchmarks import profile
+    from jax_cgtp import schedule
+
+    planned_with(AHEAD_DEPTH=schedule.AHEAD_DEPTH)  # restored, and the plans forgotten, after the test
+    profile.main(["tiny-uvu", "conv_fwd", "float32", "--edges", "64", "--launches"])
+    assert "look-ahead ring of 3 slots" in capsys.readouterr().err
+    profile.main(["tiny-uvu", "conv_fwd", "float32", "--edges", "64", "--launches",
+                  "--set", "jax_cgtp.schedule.AHEAD_DEPTH=0"])
+    assert schedule.AHEAD_DEPTH == 0 and "look-ahead ring" not in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        profile.main(["tiny-uvu", "conv_fwd", "float32", "--launches", "--set", "jax_cgtp.schedule.AHEAD_DEPT=0"])
+    assert "jax_cgtp.schedule has no attribute AHEAD_DEPT" in capsys.readouterr().err
+
+
 def test_ab_times_each_variant_of_a_setting_on_the_same_row():
     from benchmarks import ab
 

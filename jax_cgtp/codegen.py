@@ -695,12 +695,19 @@ def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: i
     condition = f"ok_a && ({x_condition})" if x_condition else "ok_a"
     for a, chunk in x_chunks.items():
         w(f"cgtp_fetch<{dim}>(ax{joint.suffix('x', a)}, {chunk}, nrows * {dim}, lane, {condition});")
+    _emit_weights_ahead(w, schedule, paths, w_rows,
+                        lambda s, p: f"aw{s}_{p.ins_index} = ok_a && active ? pw{s}_a[{p.w_offset} + lc] : T(0);")
+    w.close()
+
+
+def _emit_weights_ahead(w: Writer, schedule: KernelSchedule, paths, w_rows: dict[int, str], statement) -> None:
+    """Point ``pw{s}_a`` at the row ahead of each w input (``w_rows``, from :func:`_open_edge_ahead`),
+    then emit ``statement(s, path)``, which moves that path's weight, for each weighted path."""
     for a, row in w_rows.items():
-        s = joint.suffix("w", a)
+        s = schedule.joint.suffix("w", a)
         w(f"const T* const pw{s}_a = {row};")
         for p in _weighted(schedule, paths):
-            w(f"aw{s}_{p.ins_index} = ok_a && active ? pw{s}_a[{p.w_offset} + lc] : T(0);")
-    w.close()
+            w(statement(s, p))
 
 
 def _emit_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, x_condition: str = "") -> None:
@@ -772,11 +779,8 @@ def _emit_ring_fetch(w: Writer, schedule: KernelSchedule, x_offset: int, dim: in
     for a, chunk in x_chunks.items():
         w(f"cgtp_stage_async<{dim}, {stage_width(dim)}>(slot_a + {x_parts[joint.suffix('x', a)]}, {chunk}, "
           f"nrows * {dim}, lane);")
-    for a, row in w_rows.items():
-        s = joint.suffix("w", a)
-        w(f"const T* const pw{s}_a = {row};")
-        for p in _weighted(schedule, paths):
-            w(f"if (active) cgtp_copy_element(slot_a + {w_parts[p.ins_index, s]} + lane, pw{s}_a + {p.w_offset} + lc);")
+    _emit_weights_ahead(w, schedule, paths, w_rows, lambda s, p: f"if (active) cgtp_copy_element(slot_a + "
+                        f"{w_parts[p.ins_index, s]} + lane, pw{s}_a + {p.w_offset} + lc);")
     w.close()
     w("cgtp_commit();  // one group per edge, empty past the tile")
     w.close()

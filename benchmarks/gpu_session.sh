@@ -199,7 +199,7 @@ if [ -n "$NCU_SPECS" ]; then
     echo "== $cfg $phase $dtype $lib $settings" >>"$OUT/ncu.txt"
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 "${NCU:-ncu}" --clock-control none --profile-from-start off \
       --section SpeedOfLight --section MemoryWorkloadAnalysis \
-      --metrics dram__bytes_read.sum,dram__bytes_write.sum --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      --metrics 'dram__bytes_read.sum,dram__bytes_write.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
       python3 -m benchmarks.profile "$cfg" "$phase" "$dtype" --lib "$lib" --set "$settings" >>"$OUT/ncu.txt" 2>&1
     echo "ncu exit status $?" | tee -a "$SETUP"
   done

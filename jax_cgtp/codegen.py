@@ -27,6 +27,7 @@ _HEADER = "cgtp_device.cuh"
 _BUFFERS = {"ahead": "ring of look-ahead slots (x rows, weights)", "ring": "ring of weight items",
             "row": "output row summed over paths", "t": "t[u, k] of one item"}
 KERNEL_NAME = "cgtp_kernel"
+FACTOR_THROUGH_Z = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -1057,20 +1058,22 @@ def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, weigh
         accumulators = z_acc or [f"gz_{k}" for k in range(path.z_dim)]
         if z_acc is None:
             w(f"T {', '.join(f'{a} = T(0)' for a in accumulators)};")
-        for k, value in _path_sums(w, schedule, path, "z").items():
+        for k, value in _path_sums(w, schedule, path, "z", None).items():
             w(f"{accumulators[k]} += {value};")
         if z_acc is None:
             _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim)
+    through_z = _ThroughZ(w, path, schedule.dtype)
     if "x" in outs:
-        for i, value in _path_sums(w, schedule, path, "x").items():
+        for i, value in _path_sums(w, schedule, path, "x", through_z).items():
             w(f"gx_{i} += {value};")
     if "y" in outs:
         n = joint.y_blocks.index((path.y_offset, path.y_dim))
-        for j, value in _path_sums(w, schedule, path, "y").items():
+        for j, value in _path_sums(w, schedule, path, "y", through_z).items():
             w(f"gy{n}_{j} += {value};")
     if "w" in outs and path.w_offset is not None:
         out = schedule.outputs[outs["w"]]
-        w(f"if (active) out{outs['w']}[e * {out.dim}LL + {path.w_offset} + lc] = {_weight_gradient(schedule, path)};")
+        gradient = _weight_gradient(schedule, path, through_z)
+        w(f"if (active) out{outs['w']}[e * {out.dim}LL + {path.w_offset} + lc] = {gradient};")
     if staged:
         w("__syncwarp();")
     w.close()
@@ -1087,13 +1090,60 @@ def _path_terms(joint, path: JointPath, role: str):
     return [t for t in joint.terms if t.role == role and (path.w_offset is not None or not t.weighted_only)]
 
 
-def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str) -> dict[int, str]:
+class _ThroughZ:
+    """One path's CG sums through a z̄ operand ``Z``, for the current edge and chunk.
+
+    ``S_ij = sum_k pw C_ijk Z_k`` once per ``(i, j)`` pair of the path's nonzeros; then
+    ``sum_j Y_j S_ij`` (by ``i``: x̄'s sum) and ``sum_i X_i S_ij`` (by ``j``: ȳ's). w̄ reuses
+    either: ``sum_ijk pw C X_i Y_j Z_k = sum_i X_i (sum_j Y_j S_ij)``. Each is declared (const
+    registers of the path's block) when first asked for.
+    """
+
+    def __init__(self, w: Writer, path: JointPath, dtype: str):
+        self.w, self.dtype = w, dtype
+        self.pairs: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        for i, j, k, v in path.nonzeros:
+            self.pairs.setdefault((i, j), []).append((k, v))
+        self.declared: set[str] = set()
+
+    def _contracted(self, z: str) -> str:
+        name = f"s_{z}"
+        if name not in self.declared:
+            self.declared.add(name)
+            for (i, j), ks in self.pairs.items():
+                self.w(f"const T {name}_{i}_{j} = {' + '.join(f'{literal(v, self.dtype)} * {z}_{k}' for k, v in ks)};")
+        return name
+
+    def has(self, key: int, operand: str, z: str) -> bool:
+        return self._name(key, operand, z) in self.declared
+
+    @staticmethod
+    def _name(key: int, operand: str, z: str) -> str:
+        return f"{'qp'[key]}_{operand}_{z}"
+
+    def sums(self, key: int, operand: str, z: str) -> dict[int, str]:
+        """``{c: sum_d operand_d S_cd}`` (``key`` 0: c is i, d is j; 1: c is j, d is i)."""
+        s, name = self._contracted(z), self._name(key, operand, z)
+        by_c: dict[int, list[tuple[int, int]]] = {}
+        for pair in self.pairs:
+            by_c.setdefault(pair[key], []).append(pair)
+        if name not in self.declared:
+            self.declared.add(name)
+            for c, pairs in sorted(by_c.items()):
+                products = " + ".join(f"{operand}_{p[1 - key]} * {s}_{p[0]}_{p[1]}" for p in pairs)
+                self.w(f"const T {name}_{c} = {products};")
+        return {c: f"{name}_{c}" for c in sorted(by_c)}
+
+
+def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str,
+               through_z: _ThroughZ | None) -> dict[int, str]:
     """``{component: value}`` that ``path`` adds to output ``role`` (x, y or z) for this edge.
 
     A term is its weight times the sum of ``pw C a b`` over the CG nonzeros, ``a`` and ``b`` its
     two other operands. Terms that read the same input of ``a`` (the operand with fewer inputs:
     z̄ for x̄ and ȳ) are added before the CG sum: ``sum_t weight_t b_t`` is declared once per
-    group (``m{role}{n}_c``), so a group costs one CG sum instead of one per term.
+    group (``m{role}{n}_c``), so a group costs one CG sum instead of one per term. x̄ and ȳ sum
+    through z̄ (``through_z``); z sums its nonzeros directly.
     """
     joint = schedule.joint
     terms = [_term_names(joint, t) for t in _path_terms(joint, path, role)]
@@ -1113,20 +1163,31 @@ def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str) 
             factors[other], scale = f"m{role}{n}", ""
             for c in used:
                 w(f"const T m{role}{n}_{c} = {' + '.join(f'{names[other]}_{c}{weight(names)}' for names in group)};")
-        formats = tuple("" if r == role else factors[r] + "_{}" for r in "xyz")
-        for c, products in cg_sums(path.nonzeros, "xyz".index(role), formats, schedule.dtype).items():
-            sums.setdefault(c, []).append(f"({products}){scale}")
+        if role == "z" or not FACTOR_THROUGH_Z:
+            formats = tuple("" if r == role else factors[r] + "_{}" for r in "xyz")
+            for c, products in cg_sums(path.nonzeros, "xyz".index(role), formats, schedule.dtype).items():
+                sums.setdefault(c, []).append(f"({products}){scale}")
+        else:
+            key = "xy".index(role)
+            for c, value in through_z.sums(key, factors["yx"[key]], factors["z"]).items():
+                sums.setdefault(c, []).append(f"{value}{scale}")
     return {c: " + ".join(values) for c, values in sorted(sums.items())}
 
 
-def _weight_gradient(schedule: KernelSchedule, path: JointPath) -> str:
-    """The lane's w̄ of ``path`` for this edge: per term, ``pw C * x * y * z`` over the CG nonzeros."""
+def _weight_gradient(schedule: KernelSchedule, path: JointPath, through_z: _ThroughZ) -> str:
+    """The lane's w̄ of ``path`` for this edge: per term, ``pw C * x * y * z`` over the CG nonzeros,
+    summed through z̄ with whichever of x̄'s and ȳ's sums the path already has."""
     joint = schedule.joint
     parts = []
     for term in _path_terms(joint, path, "w"):
         x, y, z = (_term_names(joint, term)[r] for r in "xyz")
-        parts.append(" + ".join(f"{literal(v, schedule.dtype)} * {x}_{i} * {y}_{j} * {z}_{k}"
-                                for i, j, k, v in path.nonzeros))
+        if not FACTOR_THROUGH_Z:
+            parts.append(" + ".join(f"{literal(v, schedule.dtype)} * {x}_{i} * {y}_{j} * {z}_{k}"
+                                    for i, j, k, v in path.nonzeros))
+        elif through_z.has(1, x, z) and not through_z.has(0, y, z):
+            parts += [f"{y}_{j} * {p}" for j, p in through_z.sums(1, x, z).items()]
+        else:
+            parts += [f"{x}_{i} * {q}" for i, q in through_z.sums(0, y, z).items()]
     return " + ".join(parts)
 
 

@@ -1,6 +1,7 @@
 """CUDA backend without a GPU: schedules, generated source, NVRTC compilation and the lowering."""
 
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +40,7 @@ def test_forward_lanes_split_output_channels_and_stage_x():
 def test_second_derivative_adds_the_terms_that_share_z_bar_before_the_cg_sum():
     """The force loss's second derivative of a convolution: x̄'s two terms read the same z̄, so
     ``ẏ w + y ẇ`` is formed once (``mx0``) and summed over the CG nonzeros once; z's three terms
-    group by their x input (two CG sums, ``mz1`` for ``x``); w̄ keeps one CG sum per term."""
+    group by their x input (two CG sums, ``mz1`` for ``x``); w̄ keeps one sum per term."""
     tp = jax_cgtp.channelwise_tensor_product("32x0e+32x1o", "0e+1o", filter_ir_out="0e+1o")
     problem, kinds, rows = tp.problem, (INDEXED, BATCHED, BATCHED, INDEXED), (7, None, None, 7)
     outputs = (Output("x", (Term((5, 2, 3)), Term((1, 6, 3), True))),
@@ -77,6 +78,19 @@ def test_fused_backward_of_spherical_harmonics_paths_is_one_joint_pass():
     uvw = jax_cgtp.fully_connected_tensor_product("4x0e+4x1o", "0e+1o", "4x0e+4x1o").problem
     (kernel,) = schedule.plan(backward_call(uvw, (BATCHED,) * 4), "float", "int")
     assert kernel.joint is None  # other modes run output by output
+
+
+def test_fused_backward_multiplies_each_cg_coefficient_once_per_edge_and_chunk():
+    """x̄, ȳ and w̄ of a path share ``S_ij = sum_k pw C_ijk z̄_k``: each nonzero's coefficient is
+    one product, and w̄ is summed from x̄'s sums (``sum_i x_i q_y_z_i``)."""
+    (kernel,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
+    source = codegen.generate(kernel)
+    paths = {p.ins_index: p for *_, block in kernel.joint.blocks for p in block}
+    for index, path in paths.items():
+        body = source.split(f"// path {index}:")[1].split("// path ")[0]
+        assert len(re.findall(r"e[+-]\d\df \* ", body)) == len(path.nonzeros)
+        gradient = next(line for line in body.splitlines() if "out2[" in line and "=" in line)
+        assert "q_y_z_0" in gradient and " * z_" not in gradient
 
 
 def diffdock_problem():

@@ -2,7 +2,8 @@
 
 The kernel is straight-line code over the sparse CG structure: every path (instruction) of every
 slot becomes a block that loads the operand components it needs into registers, then
-accumulates ``pw * C[i,j,k]`` products for the CG nonzeros only, fully unrolled. Comments name
+accumulates ``pw * C[i,j,k]`` products for the CG nonzeros only, fully unrolled (a joint pass's
+backward terms contract z̄ first, once per path, and share it). Comments name
 the slots, paths and irreps. Device helpers (staging, flushes, warp sums) come from
 ``cuda/cgtp_device.cuh``.
 

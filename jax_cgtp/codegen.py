@@ -1102,8 +1102,8 @@ class _ThroughZ:
     and three for w̄; through ``S`` it costs one, plus one per pair for each of x̄ and ȳ (mace-l2-c128
     has 351 nonzeros in 303 pairs). The fused backward of mace-l2-c128's convolution went from
     2,400 to 1,441 floating-point PTX instructions per edge and chunk. Measured on an H100 (same
-    process, time over the per-term sums): conv_bwd 0.67-0.91x on four uvu configs in both dtypes,
-    conv_dbwd 0.90-0.99x (``benchmarks/results/nvidia-h100-80gb-hbm3/through-z/``).
+    process, time over the per-term sums): conv_bwd 0.67-0.91x and conv_dbwd 0.90-0.99x on four uvu
+    configs in float32 and two in float64 (``benchmarks/results/nvidia-h100-80gb-hbm3/through-z/``).
     """
 
     def __init__(self, w: Writer, path: JointPath, dtype: str):
@@ -1113,12 +1113,17 @@ class _ThroughZ:
             self.pairs.setdefault((i, j), []).append((k, v))
         self.declared: set[str] = set()
 
-    def _contracted(self, z: str) -> str:
-        name = f"s_{z}"
+    def _declare(self, name: str, values: dict) -> None:
+        """``const T {name}_{key} = {value};`` for each entry of ``values``, the first time ``name`` is asked for."""
         if name not in self.declared:
             self.declared.add(name)
-            for (i, j), ks in self.pairs.items():
-                self.w(f"const T {name}_{i}_{j} = {' + '.join(f'{literal(v, self.dtype)} * {z}_{k}' for k, v in ks)};")
+            for key, value in values.items():
+                self.w(f"const T {name}_{key} = {value};")
+
+    def _contracted(self, z: str) -> str:
+        name = f"s_{z}"
+        self._declare(name, {f"{i}_{j}": " + ".join(f"{literal(v, self.dtype)} * {z}_{k}" for k, v in ks)
+                             for (i, j), ks in self.pairs.items()})
         return name
 
     def has(self, key: int, operand: str, z: str) -> bool:
@@ -1132,14 +1137,11 @@ class _ThroughZ:
         """``{c: sum_d operand_d S_cd}`` (``key`` 0: c is i, d is j; 1: c is j, d is i)."""
         s, name = self._contracted(z), self._name(key, operand, z)
         by_c: dict[int, list[tuple[int, int]]] = {}
-        for pair in self.pairs:
+        for pair in sorted(self.pairs, key=lambda p: p[key]):
             by_c.setdefault(pair[key], []).append(pair)
-        if name not in self.declared:
-            self.declared.add(name)
-            for c, pairs in sorted(by_c.items()):
-                products = " + ".join(f"{operand}_{p[1 - key]} * {s}_{p[0]}_{p[1]}" for p in pairs)
-                self.w(f"const T {name}_{c} = {products};")
-        return {c: f"{name}_{c}" for c in sorted(by_c)}
+        self._declare(name, {c: " + ".join(f"{operand}_{p[1 - key]} * {s}_{p[0]}_{p[1]}" for p in pairs)
+                             for c, pairs in by_c.items()})
+        return {c: f"{name}_{c}" for c in by_c}
 
 
 def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str,

@@ -3,7 +3,7 @@
 A setting assigns module attributes of jax_cgtp's code generator or scheduler, e.g.::
 
     python -m benchmarks.ab --configs mace-l2-c128 --phases conv_fwd,conv_bwd --dtype float32 \\
-        --variant base: --variant wide:jax_cgtp.schedule.WALK_GROUP_TERMS_BY_DESTINATION=1024 --rounds 6
+        --variant base: --variant wide:jax_cgtp.schedule.WALK_GROUP_TERMS=2048 --rounds 6
 
 For each row (config, phase, dtype) the inputs are drawn once. Each variant's phase is compiled
 with its assignments in force (JAX's caches and jax_cgtp's kernel caches cleared first, so its
@@ -34,8 +34,8 @@ from .settings import check_assignments, parse_assignments
 def parse_variant(text: str) -> tuple[str, list[tuple[str, str, object]]]:
     """``NAME:module.ATTR=VALUE;...`` -> ``(NAME, [(module, ATTR, value)])``; VALUE is a Python literal.
 
-    >>> parse_variant("wide:jax_cgtp.schedule.WALK_GROUP_TERMS_BY_DESTINATION=1024")
-    ('wide', [('jax_cgtp.schedule', 'WALK_GROUP_TERMS_BY_DESTINATION', 1024)])
+    >>> parse_variant("wide:jax_cgtp.schedule.WALK_GROUP_TERMS=2048")
+    ('wide', [('jax_cgtp.schedule', 'WALK_GROUP_TERMS', 2048)])
     """
     name, colon, assignments = text.partition(":")
     if not name or not colon:

@@ -85,11 +85,20 @@ EDGE_Y_REGISTERS = 16
 # A convolution's pass always walks; it splits its x blocks into groups of at most
 # WALK_GROUP_TERMS_BY_DESTINATION above GROUPED_TERMS_BY_DESTINATION (groups made
 # nequip-revmd17-benzene's conv_bwd, 3,666 terms, 1.21x slower in float32).
+# Since the backward's terms sum through z̄ (codegen._ThroughZ), the atomic backward (x̄ added
+# atomically by src) of l5-c32 walks best in groups of WIDE_GROUP_TERMS_BY_DESTINATION: its fused
+# backward took 14.2, 4.3, 4.0, 6.6 and 13.4 ms in float32 with groups of 512, 768, 1,024, 1,536
+# and 2,048 terms, and 15.5, 4.7 and 4.4 ms in float64 with 512, 768 and 1,024. The double
+# backward's x̄ + w̄ pass (two terms) took 0.64x its time with 1,024 in float64 but 1.07x in float32,
+# and its ȳ pass (one term) 1.23-1.39x. The deterministic fused backward (x̄ owned by src) took
+# 1.32x with 1,024 in float32 (H100, same process; benchmarks/results/.../wide-groups).
 WALK_TERMS = 4096
 MULTI_TERM_WALK_TERMS = 1000
 WALK_GROUP_TERMS = 1024
 GROUPED_TERMS_BY_DESTINATION = 4096
 WALK_GROUP_TERMS_BY_DESTINATION = 512
+WIDE_GROUP_TERMS_BY_DESTINATION = 1024
+WIDE_GROUP_MIN_TERMS = {4: 3, 8: 2}  # by item size: 3 terms in float32, 2 in float64
 WALK_TILE = 16  # edges per tile of a product's walk
 # They load the weights of a chunk's weighted paths at once, in batches of at most this many
 # registers (12 paths in float64), so that l <= 5 blocks (24 paths) do not spill.
@@ -544,7 +553,8 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
     (:data:`MULTI_TERM_WALK_TERMS` with several terms) walks the tile's edges too, in groups of at
     most :data:`WALK_GROUP_TERMS`; a convolution's pass of more than
     :data:`GROUPED_TERMS_BY_DESTINATION` walks in groups of at most
-    :data:`WALK_GROUP_TERMS_BY_DESTINATION`.
+    :data:`WALK_GROUP_TERMS_BY_DESTINATION` (:data:`WIDE_GROUP_TERMS_BY_DESTINATION` for a backward
+    that adds x̄ atomically with at least :data:`WIDE_GROUP_MIN_TERMS` terms).
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs):
@@ -587,7 +597,10 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
 
     total = code([p for *_, paths in blocks for p in paths])
     if by_destination and total > GROUPED_TERMS_BY_DESTINATION:
-        limits.append(lambda group: code(group) <= WALK_GROUP_TERMS_BY_DESTINATION)
+        wide = (any(o.role == "x" and o.flush == "atomic" for o in outputs)
+                and len(terms) >= WIDE_GROUP_MIN_TERMS.get(itemsize, len(terms) + 1))
+        group_terms = WIDE_GROUP_TERMS_BY_DESTINATION if wide else WALK_GROUP_TERMS_BY_DESTINATION
+        limits.append(lambda group: code(group) <= group_terms)
     walk = by_destination or total > (WALK_TERMS if len(terms) == 1 else MULTI_TERM_WALK_TERMS)
     if walk and not by_destination:
         limits.append(lambda group: code(group) <= WALK_GROUP_TERMS)

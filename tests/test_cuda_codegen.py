@@ -207,9 +207,10 @@ def test_forward_by_destination_holds_at_most_64_z_components(dtype, determinist
 def test_long_code_walks_the_tile_in_path_groups(dtype):
     """``long_code_pair`` has 4,885 CG nonzeros: its forward (one term) and fused backward (three)
     walk tiles of 16 edges, each x block in consecutive groups of at most 1,024 terms (a path
-    with more alone), the paths in order, and the convolution's walk by destination groups of
-    at most 512. A MACE forward keeps one edge per tile, and mace-l2-c128's fused backward (1,053
-    terms) walks in whole x blocks."""
+    with more alone), the paths in order. The convolution's fused backward by destination groups
+    at most 1,024 terms when it adds x̄ atomically and 512 when its warps own x̄ (deterministic).
+    A MACE forward keeps one edge per tile, and mace-l2-c128's fused backward (1,053 terms) walks
+    in whole x blocks."""
     problem = long_code_pair(kernels="auto")[0].problem
     for call in (forward_call(problem, (BATCHED,) * 4), backward_call(problem, (BATCHED,) * 4)):
         (kernel,) = schedule.plan(call, dtype, "int")
@@ -224,10 +225,23 @@ def test_long_code_walks_the_tile_in_path_groups(dtype):
         assert "walking the tile's edges" in source
         if nvrtc.available():
             assert nvrtc.compile_cubin(source, "sm_90", "a walk over long code")
-    call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10))
-    (conv,) = schedule.plan(call, dtype, "int")
-    assert conv.tile == schedule.TILE_INDEXED and len(conv.joint.blocks) > len(kernel.joint.blocks)
-    assert all(3 * sum(len(p.nonzeros) for p in paths) <= 512 or len(paths) == 1 for *_, paths in conv.joint.blocks)
+    conv_groups = {}
+    for deterministic in (False, True):
+        call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10),
+                             deterministic=deterministic)
+        (conv,) = schedule.plan(call, dtype, "int")
+        assert conv.tile == schedule.TILE_INDEXED
+        limit = 512 if deterministic else 1024
+        group_terms = [3 * sum(len(p.nonzeros) for p in paths) for *_, paths in conv.joint.blocks]
+        assert all(t <= limit for t, (*_, paths) in zip(group_terms, conv.joint.blocks) if len(paths) > 1)
+        assert max(group_terms) > limit // 2
+        conv_groups[deterministic] = len(conv.joint.blocks)
+    assert conv_groups[True] > conv_groups[False]
+    x_and_w = Call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10), ("x", "y", "w", "z"),
+                   (Output("x", (Term((1, 2, 3)),)), Output("w", (Term((0, 1, 3)),))), False)
+    (two_terms,) = schedule.plan(x_and_w, dtype, "int")
+    limit = 1024 if dtype == "double" else 512
+    assert max(2 * sum(len(p.nonzeros) for p in paths) for *_, paths in two_terms.joint.blocks) in range(limit // 2, limit + 1)
     (short,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), dtype, "int")
     assert not short.joint.walk and short.tile == 1
     mace_l2_c128 = jax_cgtp.channelwise_tensor_product(

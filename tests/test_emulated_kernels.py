@@ -208,6 +208,7 @@ def long_code(monkeypatch):
         monkeypatch.setattr(schedule, threshold, 100)
     monkeypatch.setattr(schedule, "WALK_GROUP_TERMS", 150)
     monkeypatch.setattr(schedule, "WALK_GROUP_TERMS_BY_DESTINATION", 150)
+    monkeypatch.setattr(schedule, "WIDE_GROUP_TERMS_BY_DESTINATION", 150)
     cuda_lowering._plan.cache_clear()
     yield
     cuda_lowering._plan.cache_clear()

@@ -97,3 +97,12 @@ def emit_transposed_sum(w: Writer, values: list[str], target: str, close: str, o
         mask = (1 << shift) - 1
         w(f"if ({f'(lane & {mask}) == 0 && ' if mask else ''}q < {len(group)}) {target}{start} + q{close} {op} s_0;")
         w.close()
+
+
+def owned_end(schedule: KernelSchedule, out, cur: str = "cur") -> tuple[str, str]:
+    """``(condition, row)`` of the flush that ends a tile's walk: the run's node for an owned
+    output (written even when no edge of the tile was valid; in a lockstep walk, when the tile
+    holds edges of the run), else the row ``cur`` last accumulated."""
+    if out.flush != "own":
+        return f"{cur} >= 0", cur
+    return ("owned && count > 0" if schedule.lockstep else "owned"), "seg"

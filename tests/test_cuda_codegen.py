@@ -12,7 +12,7 @@ from family_members import backward_call, high_l_pair, long_code_pair
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
-from jax_cgtp import codegen, cuda_lowering, nvrtc, schedule
+from jax_cgtp import codegen, codegen_joint, cuda_lowering, nvrtc, schedule
 from jax_cgtp.call import Call, Output, Term, forward_call
 from jax_cgtp.operands import BATCHED, INDEXED, SHARED
 from jax_cgtp.problem import MODES
@@ -284,7 +284,7 @@ def test_joint_passes_bound_the_registers_of_high_l_products(dtype, batches):
     source = codegen.generate(kernel)
     assert "const T ye_" not in source and ("__ldca(p_y + 24)" in source) == (dtype == "double")
     *_, paths = kernel.joint.blocks[1]
-    assert [len(batch) for batch in codegen._weight_batches(kernel, paths)] == batches
+    assert [len(batch) for batch in codegen_joint._weight_batches(kernel, paths)] == batches
     (kernel,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), dtype, "int")
     assert "const T ye_0 = " in codegen.generate(kernel)
 

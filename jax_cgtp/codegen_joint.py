@@ -1,0 +1,779 @@
+"""CUDA source of a joint pass (:class:`~jax_cgtp.schedule.JointPass`): the ``uvu`` paths over
+one-channel y blocks of an edge, block by block and chunk by chunk, with every output of the launch
+computed from the same loads.
+
+A product's pass runs edge by edge, or walks the tile's edges inside each group of paths (long CG
+code). A convolution's pass walks the edges by destination: the forward holds the z chunks of a
+block across the edges of one node, the backward stages the node's z̄ chunks and contracts each
+path's CG coefficients with them once, ``S_ij = sum_k pw C_ijk z̄_k``, before x̄, ȳ and w̄ sum
+from it. :mod:`jax_cgtp.codegen` writes the kernel around it.
+"""
+
+from __future__ import annotations
+
+from .operands import BATCHED, INDEXED, SHARED
+from .cuda_text import (Writer, cg_sums, emit_edge_header, emit_transposed_sum, lane_row, literal, owned_end, put,
+                        row_of)
+from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, JointPath, KernelSchedule, ahead_slot,
+                       stage_width)
+
+
+def _emit_group_barrier(w: Writer, schedule: KernelSchedule) -> None:
+    """The block's warps meet before a group of paths when they walk their runs in step."""
+    if schedule.lockstep:
+        w("__syncthreads();  // the block's warps run each group's code together")
+
+
+def emit_joint(w: Writer, schedule: KernelSchedule) -> None:
+    """A joint pass (:class:`~jax_cgtp.schedule.JointPass`): each edge's paths, block by block."""
+    joint = schedule.joint
+    outs = dict(joint.outputs)
+    if joint.walk:
+        (_emit_forward_walk if set(outs) == {"z"} else _emit_backward_walk)(w, schedule)
+        return
+    w()
+    forward = set(outs) == {"z"}
+    kind = "forward" if forward else "backward"
+    w(f"// ---- joint {kind}: " + ", ".join(f"out{k} ({r})" for r, k in joint.outputs)
+      + "; each path's operand chunks are loaded once")
+    w("#pragma unroll 1")
+    w.open("for (int t = 0; t < count; ++t)")
+    emit_edge_header(w, schedule)
+    _emit_joint_rows(w, schedule)
+    y_values = _emit_edge_y(w, schedule)
+    if "y" in outs:
+        for n, (_, dim) in enumerate(joint.y_blocks):
+            w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
+    for x_offset, mul, dim, paths in joint.blocks:
+        _open_joint_chunks(w, x_offset, mul, dim, paths)
+        if forward:  # measured: the forward gains, the backward loses
+            w("const int lane = cgtp_lane();  // read here, so that the chunk's addresses are not held across edges")
+        w("const bool live = ok && active;")
+        if "x" in outs:
+            w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
+        batches = _weight_batches(schedule, paths)
+        weights = _emit_chunk_weights(w, schedule, batches[0])
+        if outs.keys() & {"y", "w", "z"}:  # the x chunks, shared by the block's paths
+            for a in joint.reads("x"):
+                if _emit_joint_chunk(w, schedule, "x", x_offset, dim, range(dim), joint.suffix("x", a)):
+                    w("__syncwarp();")
+        for n, batch in enumerate(batches):
+            if n:
+                weights = _emit_chunk_weights(w, schedule, batch)
+            for path in batch:
+                _emit_joint_path(w, schedule, path, weights, y_values=y_values)
+        if "x" in outs:
+            _emit_joint_flush(w, schedule, "x", x_offset, dim)
+        w.close()
+    if "y" in outs:
+        out = schedule.outputs[outs["y"]]
+        lo, values = _y_sum_values(joint, range(len(joint.y_blocks)))
+        emit_transposed_sum(w, values, f"out{outs['y']}[e * {out.dim}LL + {lo} + ", "]", "=")
+    w.close()
+
+
+def _emit_joint_rows(w: Writer, schedule: KernelSchedule, roles=("x", "y", "w", "z")) -> None:
+    """Pointers ``p_{role}{suffix}`` to this edge's row of each input of a joint pass (of ``roles``)."""
+    joint = schedule.joint
+    problem = schedule.call.problem
+    for role, a in joint.arrays:
+        if role in roles:
+            w(f"const T* const p_{role}{joint.suffix(role, a)} = in{a} + {row_of(schedule, role)} * "
+              f"{problem.operand_dim(role)}LL;  // {role} row")
+
+
+def _open_joint_chunks(w: Writer, x_offset: int, mul: int, dim: int, paths) -> None:
+    """Open the loop over the 32-channel chunks of the x block at ``x_offset`` (lanes over ``u``)."""
+    w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
+      f"[{', '.join(str(p.ins_index) for p in paths)}]")
+    w("#pragma unroll 1")
+    w.open(f"for (int c = 0; c < {-(-mul // WARP)}; ++c)")
+    w("const int lc = c * 32 + lane;")
+    w(f"const bool active = lc < {mul};")
+    w(f"const int nrows = {mul} - c * 32 < 32 ? {mul} - c * 32 : 32;")
+
+
+def _stage_y_base(n: int, dim: int) -> str:
+    """Where the staged tile rows of the pass's ``n``-th y input start in ``stage_y``."""
+    return f"{n * WARP * dim} + " if n else ""
+
+
+def _emit_tile_y(w: Writer, schedule: KernelSchedule) -> None:
+    """Stage the y rows of the tile's edges in ``stage_y`` (row ``t`` for the tile's edge ``t``, one
+    set of rows per y input), once per tile: every chunk of every x block then reads its y
+    components from there."""
+    dim = schedule.call.problem.operand_dim("y")
+    w("// the y rows of the tile's edges, staged once for every chunk of every x block")
+    w("__syncwarp();")
+    w.open(f"for (int q = lane; q < {WARP * dim}; q += 32)")
+    w(f"const int t = q / {dim};")
+    w("const long long row = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
+    for n, array in enumerate(schedule.joint.reads("y")):
+        w(f"if (t < count) stage_y[{_stage_y_base(n, dim)}q] = in{array}[row * {dim}LL + q % {dim}];")
+    w.close()
+    w("__syncwarp();")
+
+
+def _staged_y(schedule: KernelSchedule):
+    """Component ``c`` of y input ``array`` for the current edge ``t``, ``value(array, c)``: a staged
+    tile row, or None (loaded per path)."""
+    if "y" not in dict(schedule.stage_sizes):
+        return None
+    dim = schedule.call.problem.operand_dim("y")
+    arrays = schedule.joint.reads("y")
+    return lambda array, c: f"stage_y[{_stage_y_base(arrays.index(array), dim)}t * {dim} + {c}]"
+
+
+def _ahead_rows(w: Writer, schedule: KernelSchedule, roles) -> dict[str, str]:
+    """Declare the rows of ``roles`` for the edge ``ta`` ahead (row 0 when it is not valid)."""
+    rows = {}
+    for role in roles:
+        kind = schedule.call.kind(role)
+        if kind == SHARED:
+            rows[role] = "0"
+            continue
+        w(f"const long long row_{role} = ok_a ? (long long)__shfl_sync(CGTP_FULL_MASK, {lane_row(schedule, role)}, ta) : 0;")
+        rows[role] = f"row_{role}"
+    return rows
+
+
+def _weighted(schedule: KernelSchedule, paths) -> list[JointPath]:
+    """The paths whose weight a joint pass reads (none when it does not read ``w``)."""
+    return [p for p in paths if p.w_offset is not None] if schedule.joint.reads("w") else []
+
+
+def _emit_edge_y(w: Writer, schedule: KernelSchedule):
+    """Load the edge's y components that any path reads into registers once per edge (``ye{s}_c``),
+    so that no path waits on a y load queued behind the previous path's stores; returns
+    ``value(array, c)`` for :func:`_emit_joint_path`. With more than
+    :data:`~jax_cgtp.schedule.EDGE_Y_REGISTERS`, each path loads its own: NVRTC merges plain loads
+    of one component across x blocks, holding every component in registers for the whole edge.
+    In float32 that measured best (None: plain loads); in float64 it took two registers per
+    component (l5-c32's forward spilled 2 KB per thread), so the loads go through ``__ldca``,
+    which NVRTC does not merge (0.74x the forward's time, H100)."""
+    joint = schedule.joint
+    used = sorted({p.y_offset + nz[1] for *_, paths in joint.blocks for p in paths for nz in p.nonzeros})
+    if len(used) > EDGE_Y_REGISTERS:
+        if schedule.itemsize == 4:
+            return None
+        return lambda a, c: f"(ok ? __ldca(p_y{joint.suffix('y', a)} + {c}) : T(0))"
+    for a in joint.reads("y"):
+        s = joint.suffix("y", a)
+        w(" ".join(f"const T ye{s}_{c} = ok ? p_y{s}[{c}] : T(0);" for c in used))
+    return lambda a, c: f"ye{joint.suffix('y', a)}_{c}"
+
+
+def _declare_weights(w: Writer, schedule: KernelSchedule, paths, value) -> dict[tuple[int, int], str]:
+    """Declare ``cw{s}_{n}``, the lane's weight of weighted path ``n`` in w input ``s`` for this
+    edge and chunk, as ``value(s, path)``; returns the names by ``(instruction index, w input)``."""
+    joint = schedule.joint
+    weights = {}
+    for a in joint.reads("w"):
+        s = joint.suffix("w", a)
+        for p in _weighted(schedule, paths):
+            w(f"const T cw{s}_{p.ins_index} = {value(s, p)};")
+            weights[p.ins_index, a] = f"cw{s}_{p.ins_index}"
+    return weights
+
+
+def _emit_chunk_weights(w: Writer, schedule: KernelSchedule, paths) -> dict[tuple[int, int], str]:
+    """Load the lane's weight of every weighted path of the block for this edge and chunk at once,
+    before any of them is used, so that their loads are in flight together (each path's flush
+    syncs the warp, and a load is not moved across that)."""
+    return _declare_weights(w, schedule, paths, lambda s, p: f"live ? p_w{s}[{p.w_offset} + lc] : T(0)")
+
+
+def _weight_batches(schedule: KernelSchedule, paths) -> list[list[JointPath]]:
+    """The block's paths in consecutive batches whose weights (every w input's) fit in
+    :data:`~jax_cgtp.schedule.CHUNK_WEIGHT_REGISTERS` registers; a path without weight costs none."""
+    per_path = len(schedule.joint.reads("w")) * schedule.itemsize // 4
+    batches, used = [[]], 0
+    for path in paths:
+        cost = per_path if path.w_offset is not None else 0
+        if used + cost > CHUNK_WEIGHT_REGISTERS and batches[-1]:
+            batches.append([])
+            used = 0
+        batches[-1].append(path)
+        used += cost
+    return batches
+
+
+def _open_edge_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths,
+                     edge: str) -> tuple[dict[int, str], dict[int, str]]:
+    """Open a block for the tile's edge ``edge``, loaded ahead: ``ta`` and ``ok_a`` (the edge is in
+    the tile and valid); returns the addresses of its x chunk in each x input and of its row in
+    each w input (none without a weighted path), by input."""
+    joint = schedule.joint
+    problem = schedule.call.problem
+    weighted = _weighted(schedule, paths)
+    xs = joint.reads("x")
+    w.open("")
+    w(f"const int ta = {edge};")
+    w("const bool ok_a = ta < count && __shfl_sync(CGTP_FULL_MASK, (int)my_ok, ta) != 0;")
+    rows = _ahead_rows(w, schedule, (["x"] if xs else []) + (["w"] if weighted else []))
+    x_chunks = {a: f"in{a} + {rows['x']} * {problem.operand_dim('x')}LL + {x_offset} + c * {WARP * dim}LL" for a in xs}
+    w_rows = {a: f"in{a} + {rows['w']} * {problem.operand_dim('w')}LL" for a in joint.reads("w")} if weighted else {}
+    return x_chunks, w_rows
+
+
+def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str,
+                      x_condition: str = "") -> None:
+    """Load the operands of the tile's edge ``edge`` for this chunk into registers (``ax{s}``: the
+    chunk's coalesced elements of x input ``s``; ``aw{s}_n``: path n's weight in w input ``s``),
+    zero when the edge is past the tile or invalid (or ``x_condition`` is false), so that they are
+    in flight while the current edge computes."""
+    joint = schedule.joint
+    x_chunks, w_rows = _open_edge_ahead(w, schedule, x_offset, dim, paths, edge)
+    condition = f"ok_a && ({x_condition})" if x_condition else "ok_a"
+    for a, chunk in x_chunks.items():
+        w(f"cgtp_fetch<{dim}>(ax{joint.suffix('x', a)}, {chunk}, nrows * {dim}, lane, {condition});")
+    _emit_weights_ahead(w, schedule, paths, w_rows,
+                        lambda s, p: f"aw{s}_{p.ins_index} = ok_a && active ? pw{s}_a[{p.w_offset} + lc] : T(0);")
+    w.close()
+
+
+def _emit_weights_ahead(w: Writer, schedule: KernelSchedule, paths, w_rows: dict[int, str], statement) -> None:
+    """Point ``pw{s}_a`` at the row ahead of each w input (``w_rows``, from :func:`_open_edge_ahead`),
+    then emit ``statement(s, path)``, which moves that path's weight, for each weighted path."""
+    for a, row in w_rows.items():
+        s = schedule.joint.suffix("w", a)
+        w(f"const T* const pw{s}_a = {row};")
+        for p in _weighted(schedule, paths):
+            w(statement(s, p))
+
+
+def _emit_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, x_condition: str = "") -> None:
+    """Declare the look-ahead registers of a chunk and load them for the tile's first edge."""
+    joint = schedule.joint
+    for a in joint.reads("x"):
+        w(f"T ax{joint.suffix('x', a)}[{dim}];")
+    weighted = _weighted(schedule, paths)
+    for a in joint.reads("w") if weighted else ():
+        s = joint.suffix("w", a)
+        w(f"T {', '.join(f'aw{s}_{p.ins_index}' for p in weighted)};")
+    w("// the next edge's x chunk and weights are loaded while the current edge computes")
+    _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "0", x_condition)
+
+
+def _take_ahead(w: Writer, schedule: KernelSchedule, dim: int, paths) -> dict[str, str]:
+    """Copy the look-ahead registers (this edge's operands) before they are refilled; returns the
+    current weight of each weighted path and w input, by ``(instruction index, input)``."""
+    joint = schedule.joint
+    for a in joint.reads("x"):
+        s = joint.suffix("x", a)
+        w(f"T cx{s}[{dim}] = {{{', '.join(f'ax{s}[{r}]' for r in range(dim))}}};")
+    return _declare_weights(w, schedule, paths, lambda s, p: f"aw{s}_{p.ins_index}")
+
+
+def _emit_x_from_ahead(w: Writer, schedule: KernelSchedule, dim: int) -> bool:
+    """Registers ``x{s}_q`` of this lane's channel from the taken chunk ``cx{s}`` of each x input
+    (transposed through the warp's staging rows when ``dim > 1``, one input after the other);
+    True if staged (the caller syncs before the next use)."""
+    joint = schedule.joint
+    for n, a in enumerate(joint.reads("x")):
+        s = joint.suffix("x", a)
+        if dim == 1:
+            w(f"const T x{s}_0 = cx{s}[0];")
+            continue
+        if n:
+            w("__syncwarp();  // the previous input's elements are read")
+        width = stage_width(dim)
+        w(f"cgtp_unpack<{dim}, {width}>(stage_x, cx{s}, lane);")
+        w("__syncwarp();")
+        for q in range(dim):
+            w(f"const T x{s}_{q} = live ? stage_x[lane * {width} + {q}] : T(0);")
+    return dim > 1
+
+
+def _ring_layout(schedule: KernelSchedule, dim: int, paths):
+    """Where a look-ahead slot holds each x input's 32 staged rows (by the input's suffix) and each
+    weighted path's 32 weights (by ``(instruction index, w input's suffix)``), and the slot's size."""
+    joint = schedule.joint
+    width = stage_width(dim)
+    x_parts = {joint.suffix("x", a): n * WARP * width for n, a in enumerate(joint.reads("x"))}
+    offset = len(x_parts) * WARP * width
+    w_parts = {}
+    for a in joint.reads("w"):
+        for p in _weighted(schedule, paths):
+            w_parts[p.ins_index, joint.suffix("w", a)] = offset
+            offset += WARP
+    return x_parts, w_parts, ahead_slot(joint, dim, paths)
+
+
+def _emit_ring_fetch(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str) -> None:
+    """Copy the operands of the tile's edge ``edge`` for this chunk into its look-ahead slot
+    (nothing when the edge is past the tile or invalid), and commit them as one group."""
+    joint = schedule.joint
+    x_parts, w_parts, size = _ring_layout(schedule, dim, paths)
+    x_chunks, w_rows = _open_edge_ahead(w, schedule, x_offset, dim, paths, edge)
+    w(f"T* const slot_a = stage_ahead + (ta % {schedule.ahead + 1}) * {size};")
+    w.open("if (ok_a)")
+    for a, chunk in x_chunks.items():
+        w(f"cgtp_stage_async<{dim}, {stage_width(dim)}>(slot_a + {x_parts[joint.suffix('x', a)]}, {chunk}, "
+          f"nrows * {dim}, lane);")
+    _emit_weights_ahead(w, schedule, paths, w_rows, lambda s, p: f"if (active) cgtp_copy_element(slot_a + "
+                        f"{w_parts[p.ins_index, s]} + lane, pw{s}_a + {p.w_offset} + lc);")
+    w.close()
+    w("cgtp_commit();  // one group per edge, empty past the tile")
+    w.close()
+
+
+def _emit_ring_fill(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths) -> None:
+    """Start the look-ahead: the copies of the tile's first ``ahead`` edges."""
+    w(f"// the x chunk and weights of the edge {schedule.ahead} ahead are copied into the ring while the current "
+      "edge computes")
+    w("__syncwarp();  // the ring's last readers are done")
+    for d in range(schedule.ahead):
+        _emit_ring_fetch(w, schedule, x_offset, dim, paths, str(d))
+
+
+def _take_ring(w: Writer, schedule: KernelSchedule, dim: int, paths) -> dict[tuple[int, int], str]:
+    """Wait for edge ``t``'s slot, point ``slot`` at it and take its weights (returned by
+    ``(instruction index, w input)``); its x values are read later (:func:`_emit_x_from_ring`)."""
+    _, w_parts, size = _ring_layout(schedule, dim, paths)
+    w(f"cgtp_wait<{schedule.ahead - 1}>();  // edge t's copies have landed")
+    w("__syncwarp();  // and every lane's are visible")
+    w(f"const T* const slot = stage_ahead + (t % {schedule.ahead + 1}) * {size};")
+    return _declare_weights(w, schedule, paths, lambda s, p: f"active ? slot[{w_parts[p.ins_index, s]} + lane] : T(0)")
+
+
+def _emit_x_from_ring(w: Writer, schedule: KernelSchedule, dim: int, paths) -> None:
+    """Registers ``x{s}_q`` of this lane's channel from edge ``t``'s slot."""
+    x_parts, _, _ = _ring_layout(schedule, dim, paths)
+    width = stage_width(dim)
+    for s, offset in x_parts.items():
+        for q in range(dim):
+            w(f"const T x{s}_{q} = active ? slot[{offset} + lane * {width} + {q}] : T(0);")
+
+
+def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
+    """The joint forward that walks the tile's edges: per x block (or group of its paths) and
+    chunk, the tile's edges in order. A convolution accumulates every path's z chunk in registers
+    over a run of one destination and adds it atomically when the destination changes (edges
+    sorted by ``dst`` make one flush per node and tile); a product writes each path's z chunk per
+    edge. The next edge's x chunk and weights are loaded while the current edge computes."""
+    joint = schedule.joint
+    z_out = schedule.outputs[dict(joint.outputs)["z"]]
+    held = z_out.kind == INDEXED  # z chunks kept across the edges of one destination
+    tracked = held and z_out.flush != "own"  # an owned run has one node: no row to track
+    w()
+    w("// ---- joint forward, walking the tile's edges: each x chunk staged once per edge for all of its")
+    w("// group's paths" + ("; their z chunks stay in registers while the destination node stays the same"
+                          if held else ", which write their z chunks"))
+    y_values = _staged_y(schedule)
+    if y_values:
+        _emit_tile_y(w, schedule)
+    for x_offset, mul, dim, paths in joint.blocks:
+        _emit_group_barrier(w, schedule)
+        _open_joint_chunks(w, x_offset, mul, dim, paths)
+        accumulators = _declare_z_chunks(w, paths) if held else [None] * len(paths)
+        if tracked:
+            w("long long cur = -1;")
+        if schedule.ahead:
+            _emit_ring_fill(w, schedule, x_offset, dim, paths)
+        else:
+            _emit_ahead(w, schedule, x_offset, dim, paths)
+        w("#pragma unroll 1")
+        w.open("for (int t = 0; t < count; ++t)")
+        emit_edge_header(w, schedule)
+        if schedule.ahead:
+            weights = _take_ring(w, schedule, dim, paths)
+            _emit_ring_fetch(w, schedule, x_offset, dim, paths, f"t + {schedule.ahead}")
+        else:
+            weights = _take_ahead(w, schedule, dim, paths)
+            _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1")
+        w("if (!ok) continue;")
+        if tracked:
+            w.open("if (cur >= 0 && ix_z != cur)")
+            _emit_z_flush(w, schedule, paths, accumulators, "cur")
+            w.close()
+            w("cur = ix_z;")
+        w("const bool live = active;")
+        if not y_values:
+            _emit_joint_rows(w, schedule, ("y",))
+        if schedule.ahead:
+            _emit_x_from_ring(w, schedule, dim, paths)
+            staged = False
+        else:
+            staged = _emit_x_from_ahead(w, schedule, dim)
+        for path, names in zip(paths, accumulators):
+            _emit_joint_path(w, schedule, path, weights, z_acc=names, y_values=y_values)
+        if staged:
+            w("__syncwarp();")
+        w.close()
+        if held:
+            condition, row = owned_end(schedule, z_out)
+            w.open(f"if ({condition})")
+            _emit_z_flush(w, schedule, paths, accumulators, row)
+            w.close()
+        w.close()
+
+
+def _declare_z_chunks(w: Writer, paths) -> list[list[str]]:
+    """Declare, zeroed, the registers that hold each path's z chunk across edges (``gz{n}_k`` for
+    the n-th path); returns their names, path by path."""
+    accumulators = [[f"gz{n}_{k}" for k in range(p.z_dim)] for n, p in enumerate(paths)]
+    w(f"T {', '.join(a + ' = T(0)' for names in accumulators for a in names)};")
+    return accumulators
+
+
+def _emit_z_flush(w: Writer, schedule: KernelSchedule, paths, accumulators, row: str) -> None:
+    """Add (or, for an owned run, write) every path's z chunk to row ``row``, and zero them."""
+    for path, names in zip(paths, accumulators):
+        _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim, names, row)
+
+
+def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
+    """The joint backward that walks the tile's edges: per x block (or group of its paths) and
+    chunk, the tile's edges in order. The group's z̄ chunks are staged in shared memory when the
+    z row changes (a convolution's edges sorted by ``dst``: once per node and tile). The x chunks
+    stay in registers, and x̄ accumulates, while the x row stays the same; x̄ is flushed (stored,
+    atomically added, or written by the warp that owns a deterministic launch's source run; added
+    to by the later groups of its x block) when it changes. w̄ is written per edge, and each
+    edge's ȳ summed over the warp into the tile's rows in shared memory, stored at the end. A z
+    output (the force loss's second derivative) accumulates in registers while its row stays the
+    same, as in the forward. The next edge's weights, and its x chunks when its row differs, are
+    loaded while the current edge computes."""
+    joint = schedule.joint
+    outs = dict(joint.outputs)
+    y_dim = schedule.call.problem.operand_dim("y")
+    w()
+    w("// ---- joint backward, walking the tile's edges: " + ", ".join(f"out{k} ({r})" for r, k in joint.outputs)
+      + "; the group's z̄ chunks stay staged while the z row stays the same")
+    if "y" in outs:
+        w(f"for (int q = lane; q < {WARP * y_dim}; q += 32) ysum[q] = T(0);")
+        w("__syncwarp();")
+    y_values = _staged_y(schedule)
+    if y_values:
+        _emit_tile_y(w, schedule)
+    xs = [joint.suffix("x", a) for a in joint.reads("x")]  # x̄ alone does not read x
+    x_row, z_row = row_of(schedule, "x"), row_of(schedule, "z")
+    x_out = schedule.outputs[outs["x"]] if "x" in outs else None
+    z_out = schedule.outputs[outs["z"]] if "z" in outs else None
+    for n_block, (x_offset, mul, dim, paths) in enumerate(joint.blocks):
+        added = any(other[0] == x_offset for other in joint.blocks[:n_block])  # x̄ of an earlier group there
+        _emit_group_barrier(w, schedule)
+        _open_joint_chunks(w, x_offset, mul, dim, paths)
+        w("long long cur = -1, cur_x = -1;")
+        for s in xs:
+            w(f"T {', '.join(f'xr{s}_{q} = T(0)' for q in range(dim))};")
+        accumulators = _declare_z_chunks(w, paths) if z_out else []
+        if "x" in outs:
+            w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
+        # the next edge's x chunk is needed only when its source differs from the one held then
+        x_ahead = f"row_x != (ok ? {x_row} : cur_x)"
+        _emit_ahead(w, schedule, x_offset, dim, paths, "row_x != cur_x")
+        w("#pragma unroll 1")
+        w.open("for (int t = 0; t < count; ++t)")
+        emit_edge_header(w, schedule)
+        weights = _take_ahead(w, schedule, dim, paths)
+        _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1", x_ahead)
+        w.open("if (!ok)")
+        if "w" in outs:
+            out = schedule.outputs[outs["w"]]
+            for path in paths:
+                if path.w_offset is not None:
+                    w(f"if (active) out{outs['w']}[e * {out.dim}LL + {path.w_offset} + lc] = T(0);")
+        w("continue;")
+        w.close()
+        w("const bool live = active;")
+        _emit_joint_rows(w, schedule, ("z",) if y_values else ("y", "z"))
+        w.open(f"if ({z_row} != cur)")
+        if z_out is not None and z_out.flush != "own":  # an owned run has one destination node
+            w.open("if (cur >= 0)")
+            _emit_z_flush(w, schedule, paths, accumulators, "cur")
+            w.close()
+        w(f"cur = {z_row};")
+        w("__syncwarp();")
+        staged_z, offset = [], 0
+        for path in paths:
+            width = stage_width(path.z_dim)
+            w(f"cgtp_stage<{path.z_dim}, {width}>(stage_z + {offset}, p_z + {path.z_offset} + c * "
+              f"{WARP * path.z_dim}LL, nrows * {path.z_dim}, lane);")
+            staged_z.append([f"(live ? stage_z[{offset} + lane * {width} + {k}] : T(0))" for k in range(path.z_dim)])
+            offset += WARP * width
+        w("__syncwarp();")
+        w.close()
+        w.open(f"if ({x_row} != cur_x)")
+        if "x" in outs and x_out.flush != "own":  # an owned run has one source node
+            w.open("if (cur_x >= 0)")
+            _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x", add=added)
+            w.close()
+        w(f"cur_x = {x_row};")
+        if xs:
+            w.open("")
+            if _emit_x_from_ahead(w, schedule, dim):
+                w("__syncwarp();")
+            w(" ".join(f"xr{s}_{q} = x{s}_{q};" for s in xs for q in range(dim)))
+            w.close()
+        w.close()
+        for s in xs:
+            w(" ".join(f"const T x{s}_{q} = xr{s}_{q};" for q in range(dim)))
+        reached = sorted({joint.y_blocks.index((p.y_offset, p.y_dim)) for p in paths}) if "y" in outs else []
+        for n in reached:
+            w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};")
+        for n, (path, z_values) in enumerate(zip(paths, staged_z)):
+            _emit_joint_path(w, schedule, path, weights, z_acc=accumulators[n] if accumulators else None,
+                             z_values=z_values, y_values=y_values)
+        if reached:
+            lo, values = _y_sum_values(joint, reached)
+            emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
+        w.close()
+        if "x" in outs:
+            condition, row = owned_end(schedule, x_out, "cur_x")
+            w.open(f"if ({condition})")
+            _emit_joint_flush(w, schedule, "x", x_offset, dim, row=row, add=added)
+            w.close()
+        if z_out is not None:
+            condition, row = owned_end(schedule, z_out)
+            w.open(f"if ({condition})")
+            _emit_z_flush(w, schedule, paths, accumulators, row)
+            w.close()
+        w.close()
+    if "y" in outs:
+        out = schedule.outputs[outs["y"]]
+        w("__syncwarp();")
+        if schedule.tiling == "segments":  # the edges of a node's run: rows of the sorted permutation
+            w.open("for (int t = 0; t < count; ++t)")
+            w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
+            w(f"for (int q = lane; q < {y_dim}; q += 32) out{outs['y']}[e * {out.dim}LL + q] = ysum[t * {y_dim} + q];")
+            w.close()
+        else:  # a tile's edges are consecutive rows
+            w(f"for (int q = lane; q < count * {y_dim}; q += 32) out{outs['y']}[first * {out.dim}LL + q] = ysum[q];")
+        w("__syncwarp();")
+
+
+def _y_sum_values(joint, reached) -> tuple[int, list[str]]:
+    """The ȳ accumulators of the y blocks ``reached`` (indices into ``joint.y_blocks``) over the
+    contiguous range of components they span: ``(first component, values)``, ``T(0)`` in gaps."""
+    by_offset = {}
+    for n in reached:
+        offset, dim = joint.y_blocks[n]
+        by_offset.update({offset + q: f"gy{n}_{q}" for q in range(dim)})
+    lo = min(by_offset)
+    return lo, [by_offset.get(c, "T(0)") for c in range(lo, max(by_offset) + 1)]
+
+
+def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, weights, z_acc=None, z_values=None,
+                     y_values=None) -> None:
+    """One path's terms for the current edge and chunk. ``weights[ins, array]`` is the lane's
+    weight of a weighted path in w input ``array`` (:func:`_declare_weights`). ``z_acc`` are the
+    registers that hold the path's z chunk across edges, which a z output adds to (without, it
+    writes the chunk at once); ``z_values`` the staged z̄ elements that backward terms read
+    (without, they load the chunk). ``y_values(array, c)`` gives component ``c`` of y input
+    ``array`` where it is already at hand (else it is loaded from the edge's row)."""
+    joint = schedule.joint
+    problem = schedule.call.problem
+    outs = dict(joint.outputs)
+    ins = problem.instructions[path.ins_index]
+    names = (problem.irreps_in1[ins.i_in1], problem.irreps_in2[ins.i_in2], problem.irreps_out[ins.i_out])
+    w(f"// path {path.ins_index}: {names[0]} (x) {names[1]} -> {names[2]}, mode uvu, "
+      f"{'weighted' if path.w_offset is not None else 'unweighted'}, {len(path.nonzeros)} CG nonzeros")
+    w.open("")
+    used = [sorted({nz[n] for nz in path.nonzeros}) for n in range(3)]
+    for a in joint.reads("y"):  # ȳ alone does not read y
+        s = joint.suffix("y", a)
+        for j in used[1]:
+            value = y_values(a, path.y_offset + j) if y_values else f"ok ? p_y{s}[{path.y_offset + j}] : T(0)"
+            w(f"const T y{s}_{j} = {value};")
+    for a in joint.reads("w") if path.w_offset is not None else ():
+        s = joint.suffix("w", a)
+        w(f"const T wt{s} = {weights[path.ins_index, a]};")
+    staged = False
+    if joint.reads("z"):  # z̄, read by the backward terms
+        if z_values is None:
+            staged = _emit_joint_chunk(w, schedule, "z", path.z_offset, path.z_dim, used[2])
+        else:
+            w(" ".join(f"const T z_{k} = {z_values[k]};" for k in used[2]))
+    through_z = _ThroughZ(w, path, schedule.dtype)
+    if "z" in outs:
+        accumulators = z_acc or [f"gz_{k}" for k in range(path.z_dim)]
+        if z_acc is None:
+            w(f"T {', '.join(f'{a} = T(0)' for a in accumulators)};")
+        for k, value in _path_sums(w, schedule, path, "z", through_z).items():
+            w(f"{accumulators[k]} += {value};")
+        if z_acc is None:
+            _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim)
+    if "x" in outs:
+        for i, value in _path_sums(w, schedule, path, "x", through_z).items():
+            w(f"gx_{i} += {value};")
+    if "y" in outs:
+        n = joint.y_blocks.index((path.y_offset, path.y_dim))
+        for j, value in _path_sums(w, schedule, path, "y", through_z).items():
+            w(f"gy{n}_{j} += {value};")
+    if "w" in outs and path.w_offset is not None:
+        out = schedule.outputs[outs["w"]]
+        gradient = _weight_gradient(schedule, path, through_z)
+        w(f"if (active) out{outs['w']}[e * {out.dim}LL + {path.w_offset} + lc] = {gradient};")
+    if staged:
+        w("__syncwarp();")
+    w.close()
+
+
+def _term_names(joint, term) -> dict[str, str]:
+    """The register name of each factor of ``term`` (``x5`` for x input 5 among several)."""
+    return {role: f"{role}{joint.suffix(role, a)}" for role, a in term.factors}
+
+
+def _path_terms(joint, path: JointPath, role: str):
+    """The terms of output ``role`` that ``path`` contributes to (a weighted-only term skips an
+    unweighted path)."""
+    return [t for t in joint.terms if t.role == role and (path.w_offset is not None or not t.weighted_only)]
+
+
+class _ThroughZ:
+    """One path's CG sums through a z̄ operand ``Z``, for the current edge and chunk.
+
+    ``S_ij = sum_k pw C_ijk Z_k`` once per ``(i, j)`` pair of the path's nonzeros; then
+    ``sum_j Y_j S_ij`` (by ``i``: x̄'s sum) and ``sum_i X_i S_ij`` (by ``j``: ȳ's). w̄ reuses
+    either: ``sum_ijk pw C X_i Y_j Z_k = sum_i X_i (sum_j Y_j S_ij)``. Each is declared (const
+    registers of the path's block) when first asked for.
+
+    Summed per term, each nonzero cost about two floating-point instructions for x̄, two for ȳ
+    and three for w̄; through ``S`` it costs one, plus one per pair for each of x̄ and ȳ (mace-l2-c128
+    has 351 nonzeros in 303 pairs). The fused backward of mace-l2-c128's convolution went from
+    2,400 to 1,441 floating-point PTX instructions per edge and chunk. Measured on an H100 (same
+    process, time over the per-term sums): conv_bwd 0.67-0.91x and conv_dbwd 0.90-0.99x on four uvu
+    configs in float32 and two in float64 (``benchmarks/results/nvidia-h100-80gb-hbm3/through-z/``).
+    """
+
+    def __init__(self, w: Writer, path: JointPath, dtype: str):
+        self.w, self.dtype = w, dtype
+        self.pairs: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        for i, j, k, v in path.nonzeros:
+            self.pairs.setdefault((i, j), []).append((k, v))
+        self.declared: set[str] = set()
+
+    def _declare(self, name: str, values: dict) -> None:
+        """``const T {name}_{key} = {value};`` for each entry of ``values``, the first time ``name`` is asked for."""
+        if name not in self.declared:
+            self.declared.add(name)
+            for key, value in values.items():
+                self.w(f"const T {name}_{key} = {value};")
+
+    def _contracted(self, z: str) -> str:
+        name = f"s_{z}"
+        self._declare(name, {f"{i}_{j}": " + ".join(f"{literal(v, self.dtype)} * {z}_{k}" for k, v in ks)
+                             for (i, j), ks in self.pairs.items()})
+        return name
+
+    def has(self, key: int, operand: str, z: str) -> bool:
+        return self._name(key, operand, z) in self.declared
+
+    @staticmethod
+    def _name(key: int, operand: str, z: str) -> str:
+        return f"{'qp'[key]}_{operand}_{z}"
+
+    def sums(self, key: int, operand: str, z: str) -> dict[int, str]:
+        """``{c: sum_d operand_d S_cd}`` (``key`` 0: c is i, d is j; 1: c is j, d is i)."""
+        s, name = self._contracted(z), self._name(key, operand, z)
+        by_c: dict[int, list[tuple[int, int]]] = {}
+        for pair in sorted(self.pairs, key=lambda p: p[key]):
+            by_c.setdefault(pair[key], []).append(pair)
+        self._declare(name, {c: " + ".join(f"{operand}_{p[1 - key]} * {s}_{p[0]}_{p[1]}" for p in pairs)
+                             for c, pairs in by_c.items()})
+        return {c: f"{name}_{c}" for c in by_c}
+
+
+def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str,
+               through_z: _ThroughZ) -> dict[int, str]:
+    """``{component: value}`` that ``path`` adds to output ``role`` (x, y or z) for this edge.
+
+    A term is its weight times the sum of ``pw C a b`` over the CG nonzeros, ``a`` and ``b`` its
+    two other operands. Terms that read the same input of ``a`` (the operand with fewer inputs:
+    z̄ for x̄ and ȳ) are added before the CG sum: ``sum_t weight_t b_t`` is declared once per
+    group (``m{role}{n}_c``), so a group costs one CG sum instead of one per term. x̄ and ȳ sum
+    through z̄ (``through_z``); z sums its nonzeros directly.
+    """
+    joint = schedule.joint
+    terms = [_term_names(joint, t) for t in _path_terms(joint, path, role)]
+    shared, other = sorted((r for r in "xyz" if r != role), key=lambda r: len({t[r] for t in terms}))
+
+    def weight(names):
+        return f" * wt{names['w'][1:]}" if path.w_offset is not None else ""
+
+    groups: dict[str, list[dict[str, str]]] = {}
+    for names in terms:
+        groups.setdefault(names[shared], []).append(names)
+    used = sorted({nz["xyz".index(other)] for nz in path.nonzeros})
+    sums: dict[int, list[str]] = {}
+    for n, group in enumerate(groups.values()):
+        factors, scale = dict(group[0]), weight(group[0])
+        if len(group) > 1:
+            factors[other], scale = f"m{role}{n}", ""
+            for c in used:
+                w(f"const T m{role}{n}_{c} = {' + '.join(f'{names[other]}_{c}{weight(names)}' for names in group)};")
+        if role == "z":
+            formats = tuple("" if r == role else factors[r] + "_{}" for r in "xyz")
+            for c, products in cg_sums(path.nonzeros, "xyz".index(role), formats, schedule.dtype).items():
+                sums.setdefault(c, []).append(f"({products}){scale}")
+        else:
+            key = "xy".index(role)
+            for c, value in through_z.sums(key, factors["yx"[key]], factors["z"]).items():
+                sums.setdefault(c, []).append(f"{value}{scale}")
+    return {c: " + ".join(values) for c, values in sorted(sums.items())}
+
+
+def _weight_gradient(schedule: KernelSchedule, path: JointPath, through_z: _ThroughZ) -> str:
+    """The lane's w̄ of ``path`` for this edge: per term, ``pw C * x * y * z`` over the CG nonzeros,
+    summed through z̄ with whichever of x̄'s and ȳ's sums the path already has."""
+    joint = schedule.joint
+    parts = []
+    for term in _path_terms(joint, path, "w"):
+        x, y, z = (_term_names(joint, term)[r] for r in "xyz")
+        if through_z.has(1, x, z) and not through_z.has(0, y, z):
+            parts += [f"{y}_{j} * {p}" for j, p in through_z.sums(1, x, z).items()]
+        else:
+            parts += [f"{x}_{i} * {q}" for i, q in through_z.sums(0, y, z).items()]
+    return " + ".join(parts)
+
+
+def _emit_joint_chunk(w: Writer, schedule: KernelSchedule, role: str, offset: int, dim: int, comps,
+                      suffix: str = "") -> bool:
+    """Registers ``{role}{suffix}_q`` (q in ``comps``) of this lane's channel in the block at
+    ``offset`` of the input read through ``p_{role}{suffix}``, through the warp's staging buffer
+    when rows are wider than one; True if staged (the caller syncs before the buffer's next use)."""
+    staged = dim > 1 and role in dict(schedule.stage_sizes)
+    width = stage_width(dim)
+    pointer = f"p_{role}{suffix}"
+    if staged:
+        w(f"if (ok) cgtp_stage<{dim}, {width}>(stage_{role}, {pointer} + {offset} + c * {WARP * dim}LL, "
+          f"nrows * {dim}, lane);")
+        w("__syncwarp();")
+    for q in comps:
+        element = f"stage_{role}[lane * {width} + {q}]" if staged else f"{pointer}[{offset} + lc * {dim} + {q}]"
+        w(f"const T {role}{suffix}_{q} = live ? {element} : T(0);")
+    return staged
+
+
+def _emit_joint_flush(w: Writer, schedule: KernelSchedule, role: str, offset: int, dim: int,
+                      names=None, row: str | None = None, add: bool = False) -> None:
+    """Write (BATCHED) or atomically add (INDEXED) this chunk's values (``names``, by default
+    ``g{role}_q``) to the block at ``offset`` of row ``row`` (by default this edge's row, guarded
+    by ``ok``); values added to an explicit ``row`` are reset to zero. ``add``: the block already
+    holds an earlier group's part, which a write adds to."""
+    k = dict(schedule.joint.outputs)[role]
+    out = schedule.outputs[k]
+    names = names or [f"g{role}_{q}" for q in range(dim)]
+    reset = row is not None
+    guard = "" if out.kind == BATCHED or reset else "ok && "
+    row = row or ("e" if out.kind == BATCHED else f"ix_{role}")
+    w.open("")
+    w(f"T* const dst_{role} = out{k} + {row} * {out.dim}LL + {offset};")
+    if dim == 1:
+        w(f"if ({guard}active) {put(out, f'dst_{role} + lc', names[0], add)}")
+    else:
+        w.open("if (active)")
+        for q, a in enumerate(names):
+            w(f"obuf[lane * {dim} + {q}] = {a};")
+        w.close()
+        w("__syncwarp();")
+        w("#pragma unroll")
+        w.open(f"for (int r = 0; r < {dim}; ++r)")
+        w("const int q = r * 32 + lane;")
+        w(f"if ({guard}q < nrows * {dim}) {put(out, f'dst_{role} + c * {WARP * dim} + q', 'obuf[q]', add)}")
+        w.close()
+        w("__syncwarp();")
+    if reset:
+        w(" ".join(f"{a} = T(0);" for a in names))
+    w.close()

@@ -101,7 +101,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--graph", default="random", choices=GRAPHS, help="the convolution's graph (benchmarks.inputs)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=timing.PIPELINE_CALLS, help="calls per queued batch")
-    parser.add_argument("--json", default=None, help="write every round's times here")
+    parser.add_argument("--json", default=None, help="write every round's times here (again after each row)")
     args = parser.parse_args(argv)
     jax.config.update("jax_enable_x64", True)
     try:
@@ -120,10 +120,11 @@ def main(argv=None) -> list[dict]:
                 rows.append(measure_row(config, phase, dtype, variants, args.rounds, args.calls, args.lib, args.edges,
                                         args.graph))
                 print(format_table(rows[-1:], names).splitlines()[-1], flush=True)
+                if args.json:  # after every row, so that a run stopped by a time limit keeps what it measured
+                    with open(args.json, "w") as f:
+                        json.dump({"variants": args.variant, "device": str(jax.devices()[0].device_kind), "rows": rows},
+                                  f, indent=1)
     print(format_table(rows, names))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"variants": args.variant, "device": str(jax.devices()[0].device_kind), "rows": rows}, f, indent=1)
     return rows
 
 

@@ -135,7 +135,7 @@ def test_profile_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, pl
     assert "jax_cgtp.schedule has no attribute AHEAD_DEPT" in capsys.readouterr().err
 
 
-def test_ab_times_each_variant_of_a_setting_on_the_same_row():
+def test_ab_times_each_variant_of_a_setting_on_the_same_row(tmp_path):
     from benchmarks import ab
 
     rows = ab.main(["--configs", "tiny-uvu", "--phases", "conv_fwd", "--edges", "64", "--rounds", "2", "--calls", "2",
@@ -146,8 +146,12 @@ def test_ab_times_each_variant_of_a_setting_on_the_same_row():
     assert row["edges"] == 64 and [len(row["ms"][n]) for n in ("base", "plain")] == [2, 2]
     assert all(ms > 0 for times in row["ms"].values() for ms in times)
     assert (row["graph"], spatial["graph"], spatial["edges"]) == ("random", "spatial", 1600)
+    saved = tmp_path / "ab.json"
     with pytest.raises(ValueError, match="spatial graph"):  # 64 edges: 4 nodes, too few for 16 neighbours each
-        ab.main(["--configs", "tiny-uvu", "--phases", "conv_fwd", "--edges", "64", "--graph", "spatial", "--variant", "b:"])
+        ab.main(["--configs", "tiny-uvu", "--phases", "fwd,conv_fwd", "--edges", "64", "--graph", "spatial",
+                 "--rounds", "1", "--calls", "2", "--variant", "b:", "--json", str(saved)])
+    kept = json.loads(saved.read_text())  # written after each row: the row measured before the error
+    assert [(r["phase"], len(r["ms"]["b"])) for r in kept["rows"]] == [("fwd", 1)] and kept["variants"] == ["b:"]
     assert ab.parse_variant("x:jax_cgtp.codegen.A=1; m.B='s'") == ("x", [("jax_cgtp.codegen", "A", 1), ("m", "B", "s")])
     for bad in ("nameless", ":jax_cgtp.schedule.WALK_TILE=8", "x:WALK_TILE=8", "x:jax_cgtp.schedule.NOT_THERE=1"):
         with pytest.raises(SystemExit):

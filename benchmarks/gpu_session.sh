@@ -38,6 +38,9 @@
 #                                     benchmarks.profile's --set, e.g. jax_cgtp.schedule.AHEAD_DEPTH=0): ncu.txt
 # A copy of the tree without .git cannot name its commit, and the device's copy of .git can be
 # stale: pass JAX_CGTP_GIT_COMMIT=<sha[-dirty]> as a literal, taken from this machine's checkout.
+# A later call on the same machine that runs python -m benchmarks.* itself, after --skip-tests
+# --skip-bench, needs what this script exports: PYTHONPATH=$SITE plus OpenEquivariance's source
+# directory ($OEQ_SRC/openequivariance-*), and OEQ_NOTORCH=1; without them oeq is reported missing.
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
 # gpu-tests-large.log, e2e.txt, bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png,
 # bench-TAG-base.json, bench-TAG-base.txt, ncu.txt (pass -- --no-plots to drop the two PNGs).

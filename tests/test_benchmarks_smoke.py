@@ -158,6 +158,31 @@ def test_ab_times_each_variant_of_a_setting_on_the_same_row(tmp_path):
             ab.main(["--configs", "tiny-uvu", "--phases", "fwd", "--variant", bad])
 
 
+def test_double_backward_rows_against_their_two_call_floor(smoke, capsys):
+    """The double backward's floor as two calls: x, w, g (and the convolution's indices) read
+    twice, ȳ written, doubled by XLA and read again; each library's fraction of it."""
+    from benchmarks.problems import build
+
+    result, out = smoke
+    fractions = {(r["phase"], r["dtype"]): r for r in cost.two_call_fractions(result)}
+    assert sorted(fractions) == [("conv_dbwd", "float64"), ("dbwd", "float64")]
+    for row in result["rows"]:
+        if (row["phase"], row["dtype"]) in fractions:
+            r = fractions[row["phase"], row["dtype"]]
+            assert r["two_call_floor_ms"] == pytest.approx(row["memory_floor_ms"] * r["scale"]) and r["scale"] > 1
+            ms = row["results"]["jax_cgtp"]["pipelined_ms"]
+            assert r["fraction"]["jax_cgtp"] == pytest.approx(r["two_call_floor_ms"] / ms)
+    tp = build("tiny-uvu", backend="reference")
+    d1, d2, dw, d3 = (tp.problem.irreps_in1.dim, tp.problem.irreps_in2.dim, tp.problem.weight_numel,
+                      tp.problem.irreps_out.dim)
+    assert cost.two_call_bytes(tp.problem, "conv_dbwd", edges=5, nodes=2, itemsize=8) == (
+        8 * (2 * (3 * d1 + 2 * d3) + 5 * (3 * dw + 4 * d2)) + 4 * 4 * 5)
+    with pytest.raises(ValueError, match="one call"):
+        cost.two_call_bytes(tp.problem, "bwd", edges=5, nodes=2, itemsize=8)
+    cost.main([str(out / report.file_names("smoke")["json"])])
+    assert "tiny-uvu" in capsys.readouterr().out
+
+
 def test_a_sources_file_rebuilds_a_table_row_by_row(smoke, tmp_path):
     _, out = smoke
     saved = json.loads((out / report.file_names("smoke")["json"]).read_text())

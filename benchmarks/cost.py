@@ -41,9 +41,16 @@ movement).
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 
 from jax_cgtp.problem import cg_nonzeros
+
+from .configs import CONFIGS
+from .problems import build
+from .report import SCHEMA
+from .timing import per_call_ms
 
 INDEX_BYTES = 4
 
@@ -144,13 +151,12 @@ def two_call_fractions(report: dict) -> list[dict]:
     scaled by :func:`two_call_bytes` over ``min_bytes``, at the row's own measured bandwidth), each
     library's fraction of it (floor ms / per-call ms), and the fraction that 1.5x cuEq's time
     (issue 4's and 5's target) would need."""
-    from .problems import build
-    from .timing import per_call_ms
-
     fractions = []
     for row in report["rows"]:
         if row["phase"] not in _TWO_CALL_TRAFFIC:
             continue
+        if row["config"] not in CONFIGS:
+            raise ValueError(f"the report's config {row['config']!r} is not one of benchmarks.configs.CONFIGS")
         problem = build(row["config"], backend="reference").problem
         itemsize = 8 if row["dtype"] == "float64" else 4
         scale = two_call_bytes(problem, row["phase"], row["edges"], row["nodes"], itemsize) / row["min_bytes"]
@@ -166,14 +172,17 @@ def two_call_fractions(report: dict) -> list[dict]:
 
 def main(argv=None) -> None:
     """``python -m benchmarks.cost REPORT.json``: the double backward's rows against their two-call floor."""
-    import argparse
-    import json
-
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("report", help="a bench JSON (benchmarks.run, benchmarks.report)")
     args = parser.parse_args(argv)
     with open(args.report) as f:
-        fractions = two_call_fractions(json.load(f))
+        saved = json.load(f)
+    if not isinstance(saved, dict) or saved.get("schema") != SCHEMA:
+        parser.error(f"{args.report} is not a {SCHEMA} report (benchmarks.run or benchmarks.report writes one)")
+    try:
+        fractions = two_call_fractions(saved)
+    except ValueError as error:
+        parser.error(f"{args.report}: {error}")
     print(f"{'config':24} {'phase':10} {'dtype':8} {'2-call/floor':>12} {'2-call floor ms':>15}  "
           f"% of the two-call floor per library; what 1.5x cuEq would need")
     for r in fractions:

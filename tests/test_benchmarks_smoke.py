@@ -181,6 +181,18 @@ def test_double_backward_rows_against_their_two_call_floor(smoke, capsys):
         cost.two_call_bytes(tp.problem, "bwd", edges=5, nodes=2, itemsize=8)
     cost.main([str(out / report.file_names("smoke")["json"])])
     assert "tiny-uvu" in capsys.readouterr().out
+    bad = out.parent / "not-a-report.json"
+    bad.write_text("{}")
+    with pytest.raises(SystemExit):
+        cost.main([str(bad)])
+    assert "is not a" in capsys.readouterr().err
+    renamed = json.loads((out / report.file_names("smoke")["json"]).read_text())
+    for row in renamed["rows"]:
+        row["config"] = "no-such-config"
+    bad.write_text(json.dumps(renamed))
+    with pytest.raises(SystemExit):
+        cost.main([str(bad)])
+    assert "'no-such-config' is not one of benchmarks.configs.CONFIGS" in capsys.readouterr().err
 
 
 def test_a_sources_file_rebuilds_a_table_row_by_row(smoke, tmp_path):

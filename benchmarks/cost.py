@@ -45,6 +45,8 @@ import argparse
 import json
 import math
 
+import numpy as np
+
 from jax_cgtp.problem import cg_nonzeros
 
 from .configs import CONFIGS
@@ -158,7 +160,7 @@ def two_call_fractions(report: dict) -> list[dict]:
         if row["config"] not in CONFIGS:
             raise ValueError(f"the report's config {row['config']!r} is not one of benchmarks.configs.CONFIGS")
         problem = build(row["config"], backend="reference").problem
-        itemsize = 8 if row["dtype"] == "float64" else 4
+        itemsize = np.dtype(row["dtype"]).itemsize
         scale = two_call_bytes(problem, row["phase"], row["edges"], row["nodes"], itemsize) / row["min_bytes"]
         floor_ms = row["memory_floor_ms"] * scale
         times = {lib: per_call_ms(result) for lib, result in row["results"].items()}

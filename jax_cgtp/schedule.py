@@ -598,7 +598,7 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
     total = code([p for *_, paths in blocks for p in paths])
     if by_destination and total > GROUPED_TERMS_BY_DESTINATION:
         wide = (any(o.role == "x" and o.flush == "atomic" for o in outputs)
-                and len(terms) >= WIDE_GROUP_MIN_TERMS.get(itemsize, len(terms) + 1))
+                and len(terms) >= WIDE_GROUP_MIN_TERMS[itemsize])
         group_terms = WIDE_GROUP_TERMS_BY_DESTINATION if wide else WALK_GROUP_TERMS_BY_DESTINATION
         limits.append(lambda group: code(group) <= group_terms)
     walk = by_destination or total > (WALK_TERMS if len(terms) == 1 else MULTI_TERM_WALK_TERMS)

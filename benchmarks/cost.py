@@ -42,7 +42,6 @@ movement).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import numpy as np
@@ -51,7 +50,7 @@ from jax_cgtp.problem import cg_nonzeros
 
 from .configs import CONFIGS
 from .problems import build
-from .report import SCHEMA
+from .report import load
 from .timing import per_call_ms
 
 INDEX_BYTES = 4
@@ -148,20 +147,30 @@ def flop(problem, phase: str, edges: int) -> int:
     return PRODUCTS_PER_PHASE[base_phase(phase)] * product_flop_per_row(problem) * edges
 
 
+def has_two_calls(phase: str) -> bool:
+    """Whether JAX runs ``phase`` as two calls (the double backward), for any library."""
+    return phase in _TWO_CALL_TRAFFIC
+
+
+def two_call_scale(row: dict) -> float:
+    """A double-backward row's :func:`two_call_bytes` over its ``min_bytes``."""
+    if row["config"] not in CONFIGS:
+        raise ValueError(f"the report's config {row['config']!r} is not one of benchmarks.configs.CONFIGS")
+    problem = build(row["config"], backend="reference").problem
+    itemsize = np.dtype(row["dtype"]).itemsize
+    return two_call_bytes(problem, row["phase"], row["edges"], row["nodes"], itemsize) / row["min_bytes"]
+
+
 def two_call_fractions(report: dict) -> list[dict]:
     """For each double-backward row of a benchmark report: its two-call floor (the memory floor
-    scaled by :func:`two_call_bytes` over ``min_bytes``, at the row's own measured bandwidth), each
-    library's fraction of it (floor ms / per-call ms), and the fraction that 1.5x cuEq's time
-    (issue 4's and 5's target) would need."""
+    scaled by :func:`two_call_scale`, at the row's own measured bandwidth), each library's fraction
+    of it (floor ms / per-call ms), and the fraction that 1.5x cuEq's time (issue 4's and 5's
+    target) would need."""
     fractions = []
     for row in report["rows"]:
-        if row["phase"] not in _TWO_CALL_TRAFFIC:
+        if not has_two_calls(row["phase"]):
             continue
-        if row["config"] not in CONFIGS:
-            raise ValueError(f"the report's config {row['config']!r} is not one of benchmarks.configs.CONFIGS")
-        problem = build(row["config"], backend="reference").problem
-        itemsize = np.dtype(row["dtype"]).itemsize
-        scale = two_call_bytes(problem, row["phase"], row["edges"], row["nodes"], itemsize) / row["min_bytes"]
+        scale = two_call_scale(row)
         floor_ms = row["memory_floor_ms"] * scale
         times = {lib: per_call_ms(result) for lib, result in row["results"].items()}
         fractions.append({
@@ -177,10 +186,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("report", help="a bench JSON (benchmarks.run, benchmarks.report)")
     args = parser.parse_args(argv)
-    with open(args.report) as f:
-        saved = json.load(f)
-    if not isinstance(saved, dict) or saved.get("schema") != SCHEMA:
-        parser.error(f"{args.report} is not a {SCHEMA} report (benchmarks.run or benchmarks.report writes one)")
+    try:
+        saved = load(args.report)
+    except ValueError as error:
+        parser.error(str(error))
     try:
         fractions = two_call_fractions(saved)
     except ValueError as error:

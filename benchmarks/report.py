@@ -26,6 +26,14 @@ from . import table
 SCHEMA = "jax_cgtp-bench/1"
 
 
+def load(path) -> dict:
+    """The bench report (JSON) at ``path``; ``ValueError`` naming the file if it is not one."""
+    saved = json.loads(pathlib.Path(path).read_text())
+    if not isinstance(saved, dict) or saved.get("schema") != SCHEMA:
+        raise ValueError(f"{path} is not a {SCHEMA} report (benchmarks.run or benchmarks.report writes one)")
+    return saved
+
+
 def file_names(tag: str | None) -> dict[str, str]:
     suffix = f"-{tag}" if tag else ""
     return {"json": f"bench{suffix}.json", "text": f"bench{suffix}.txt",
@@ -89,9 +97,10 @@ def select(sources) -> dict:
         if len(fields) not in (5, 6) or fields[5:] not in ([], ["without-det"]):
             raise ValueError(f"{where}: expected 'config phase dtype commit file [without-det]', got {line!r}")
         config, phase, dtype, commit, name = fields[:5]
-        saved = json.loads((sources.parent / name).read_text())
-        if saved.get("schema") != SCHEMA:
-            raise ValueError(f"{where}: {name} is not a {SCHEMA} report")
+        try:
+            saved = load(sources.parent / name)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
         found = [r for r in saved["rows"] if (r["config"], r["phase"], r["dtype"]) == (config, phase, dtype)]
         if len(found) != 1:
             raise ValueError(f"{where}: {name} has {len(found)} rows of {config} {phase} {dtype}, expected one")

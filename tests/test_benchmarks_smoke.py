@@ -241,3 +241,52 @@ def test_a_run_on_the_spatial_graph_records_it(tmp_path):
     assert (row["edges"], row["nodes"]) == (1600, 100)
     assert row["results"]["e3nn"]["status"] == "ok" and row["results"]["e3nn"]["rel_err"] < 1e-12
     assert "spatial graph" in (tmp_path / report.file_names(None)["text"]).read_text()
+
+
+def _target_row(smoke_row: dict, phase: str, floor_ms: float, **times) -> dict:
+    """A copy of a smoke run's row of ``phase`` with the given floor and per-call times (ms)."""
+    row = json.loads(json.dumps(smoke_row))
+    row["memory_floor_ms"] = floor_ms
+    row["results"] = {lib: {"status": "ok", "pipelined_ms": ms} for lib, ms in times.items()}
+    return row
+
+
+def test_targets_class_each_miss_by_the_floor_it_asks_for(smoke, capsys):
+    """A missed target is beyond the floor when its bound is shorter than the row's floor (the
+    two-call floor for a double backward), else within it; each row is judged on the first report
+    that has the libraries the target compares."""
+    from benchmarks import targets
+
+    result, out = smoke
+    rows = {row["phase"]: row for row in result["rows"]}
+    first = {"schema": report.SCHEMA, "runs": [], "libraries": {}, "rows": [
+        _target_row(rows["conv_bwd"], "conv_bwd", 0.5, jax_cgtp=1.0, cueq=1.8, jax_cgtp_det=1.2),
+        _target_row(rows["bwd"], "bwd", 0.95, jax_cgtp=1.0, cueq=1.4),
+        _target_row(rows["fwd"], "fwd", 0.5, jax_cgtp=1.0, cueq=1.1),
+        _target_row(rows["dbwd"], "dbwd", 0.5, jax_cgtp=1.0, cueq=1.2),
+    ]}
+    second = {"schema": report.SCHEMA, "runs": [], "libraries": {}, "rows": [
+        _target_row(rows["conv_bwd"], "conv_bwd", 0.5, jax_cgtp=1.0, cueq=9.0, oeq=0.9),
+    ]}
+    verdicts = {t.name: v for t, v in targets.evaluate([first, second]).items()}
+    (conv_bwd,) = verdicts["conv_bwd >= 2x cuEq"]
+    assert conv_bwd["verdict"] == targets.WITHIN and conv_bwd["bound_ms"] == pytest.approx(0.9)
+    assert conv_bwd["needs"] == pytest.approx(0.5 / 0.9)
+    (bwd,) = verdicts["bwd >= 1.5x cuEq"]
+    assert bwd["verdict"] == targets.BEYOND  # 1.4 / 1.5 ms is shorter than the 0.95 ms floor
+    assert [v["verdict"] for v in verdicts["fwd >= 1.0x the best of cuEq and OEQ"]] == [targets.MET]
+    (dbwd,) = verdicts["dbwd >= 1.5x cuEq"]
+    assert dbwd["floor_ms"] == pytest.approx(0.5 * cost.two_call_scale(first["rows"][3])) and dbwd["floor_ms"] > 0.8
+    assert dbwd["verdict"] == targets.BEYOND  # 0.8 ms is below the two-call floor, not below the one-pass one
+    (det,) = verdicts["deterministic within 1.3x of atomic"]
+    assert det["verdict"] == targets.MET and det["subject"] == "jax_cgtp_det"
+    (oeq,) = verdicts["every conv phase >= 1.0x OEQ"]  # from the second report, the first lacks OEQ
+    assert oeq["verdict"] == targets.WITHIN and oeq["bound_ms"] == pytest.approx(0.9)
+    assert verdicts["every phase >= 4x e3nn-jax"] == []
+    targets.main([str(out / report.file_names("smoke")["json"])])
+    assert "issue 5: every conv phase >= 10x e3nn-jax" in capsys.readouterr().out
+    bad = out.parent / "not-a-report-either.json"
+    bad.write_text("[]")
+    with pytest.raises(SystemExit):
+        targets.main([str(bad)])
+    assert "is not a" in capsys.readouterr().err

@@ -181,18 +181,20 @@ def test_double_backward_rows_against_their_two_call_floor(smoke, capsys):
         cost.two_call_bytes(tp.problem, "bwd", edges=5, nodes=2, itemsize=8)
     cost.main([str(out / report.file_names("smoke")["json"])])
     assert "tiny-uvu" in capsys.readouterr().out
-    bad = out.parent / "not-a-report.json"
-    bad.write_text("{}")
-    with pytest.raises(SystemExit):
-        cost.main([str(bad)])
-    assert "is not a" in capsys.readouterr().err
+    _assert_rejected(cost.main, out.parent / "not-a-report.json", "{}", "is not a", capsys)
     renamed = json.loads((out / report.file_names("smoke")["json"]).read_text())
     for row in renamed["rows"]:
         row["config"] = "no-such-config"
-    bad.write_text(json.dumps(renamed))
+    _assert_rejected(cost.main, out.parent / "renamed.json", json.dumps(renamed),
+                     "'no-such-config' is not one of benchmarks.configs.CONFIGS", capsys)
+
+
+def _assert_rejected(main, path, text: str, message: str, capsys) -> None:
+    """``main([path])`` with ``text`` written at ``path`` exits with ``message`` on stderr."""
+    path.write_text(text)
     with pytest.raises(SystemExit):
-        cost.main([str(bad)])
-    assert "'no-such-config' is not one of benchmarks.configs.CONFIGS" in capsys.readouterr().err
+        main([str(path)])
+    assert message in capsys.readouterr().err
 
 
 def test_a_sources_file_rebuilds_a_table_row_by_row(smoke, tmp_path):
@@ -285,8 +287,4 @@ def test_targets_class_each_miss_by_the_floor_it_asks_for(smoke, capsys):
     assert verdicts["every phase >= 4x e3nn-jax"] == []
     targets.main([str(out / report.file_names("smoke")["json"])])
     assert "issue 5: every conv phase >= 10x e3nn-jax" in capsys.readouterr().out
-    bad = out.parent / "not-a-report-either.json"
-    bad.write_text("[]")
-    with pytest.raises(SystemExit):
-        targets.main([str(bad)])
-    assert "is not a" in capsys.readouterr().err
+    _assert_rejected(targets.main, out.parent / "a-list.json", "[]", "is not a", capsys)

@@ -1,15 +1,18 @@
 """``python -m benchmarks.targets REPORT.json [MORE.json ...]``: issues 4 and 5's targets, row by row.
 
-Each target bounds a time: jax_cgtp's per-call time (the faster of its listed variants) at most
+Most targets bound a time: jax_cgtp's per-call time (the faster of its listed variants) at most
 ``factor`` times a reference time. The reference is a peer's time (``x`` times faster than the
 best of the listed peers: ``factor = 1 / x``), jax_cgtp's own atomic time (the deterministic
 variant within 1.3x), or the row's memory floor (at least a fraction ``f`` of it: ``factor = 1 /
-f``). A row that misses its target is classed by what the bound asks for, as a fraction of the
-row's floor:
+f``). One bounds memory: the buffers of the convolution's forward and backward (XLA's
+``memory_analysis`` of the compiled ``conv_bwd``: arguments, outputs and temporaries) at most a
+third of e3nn-jax's. A row that misses its target is classed by what the bound asks for, as a
+fraction of the row's floor:
 
 * the memory floor (:mod:`benchmarks.cost`: each operand read once and each result written once, at
   the copy bandwidth measured in the same run); for the double backward, the floor of the two calls
-  JAX makes for any library (:func:`benchmarks.cost.two_call_scale`);
+  JAX makes for any library (:func:`benchmarks.cost.two_call_scale`); for memory, the phase's
+  arguments and outputs, which every library holds;
 * **beyond the floor**: the bound is shorter than the floor, so no implementation that moves the
   phase's bytes at copy speed meets it (a read-heavy kernel can run a few percent past the copy
   bandwidth: the report's best %floor per phase is printed for comparison);
@@ -36,8 +39,9 @@ FLOOR = "floor"  # a reference that is the row's memory floor
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """``min(ms of subjects) <= factor * min(ms of references)`` on the rows of ``phases`` (and
-    ``configs``, when given)."""
+    """``min(subjects' values) <= factor * min(references' values)`` on the rows of ``phases`` (and
+    ``configs``, when given); a value is a per-call time (``quantity="ms"``) or the bytes of the
+    compiled phase's buffers (``"bytes"``)."""
 
     issue: int
     name: str
@@ -46,6 +50,7 @@ class Target:
     factor: float
     subjects: tuple[str, ...] = ("jax_cgtp",)
     configs: tuple[str, ...] = ()
+    quantity: str = "ms"
 
 
 TARGETS = (
@@ -63,47 +68,58 @@ TARGETS = (
     Target(5, "every conv phase >= 10x e3nn-jax", CONV, ("e3nn",), 1 / 10),
     Target(5, "every conv phase >= 1.0x OEQ", CONV, ("oeq",), 1.0),
     Target(5, "deterministic within 1.3x of atomic", CONV, ("jax_cgtp",), 1.3, subjects=("jax_cgtp_det",)),
+    Target(5, "conv forward+backward memory <= 1/3 of e3nn-jax's", ("conv_bwd",), ("e3nn",), 1 / 3,
+           quantity="bytes"),
 )
 
 MET, BEYOND, WITHIN = "met", "beyond the floor", "within the floor"
 
 
-def _times(row: dict, libraries) -> dict[str, float]:
-    """Per-call ms of those of ``libraries`` that ran correctly on ``row``."""
-    times = {}
+def _values(row: dict, libraries, quantity: str = "ms") -> dict[str, float]:
+    """Per-call ms (or buffer bytes) of those of ``libraries`` that ran correctly on ``row``."""
+    values = {}
     for lib in libraries:
         result = row["results"].get(lib, {})
-        ms = per_call_ms(result) if result.get("status") == "ok" else None
-        if ms:
-            times[lib] = ms
-    return times
+        if result.get("status") != "ok":
+            continue
+        value = per_call_ms(result) if quantity == "ms" else result.get("memory", {}).get("total")
+        if value:
+            values[lib] = value
+    return values
 
 
 def floor_ms(row: dict) -> float:
-    """The floor a row's bound is compared with: the two-call floor for a double backward."""
+    """The floor a row's time bound is compared with: the two-call floor for a double backward."""
     scale = two_call_scale(row) if has_two_calls(row["phase"]) else 1.0
     return row["memory_floor_ms"] * scale
 
 
+def _floor(row: dict, quantity: str, subject: str) -> float:
+    if quantity == "ms":
+        return floor_ms(row)
+    memory = row["results"][subject]["memory"]
+    return memory["argument"] + memory["output"] - memory.get("alias", 0)
+
+
 def judge(target: Target, row: dict) -> dict | None:
     """The verdict of ``target`` on ``row``, or None where the row lacks a library it compares."""
-    subjects = _times(row, target.subjects)
+    subjects = _values(row, target.subjects, target.quantity)
     if target.references == (FLOOR,):
         reference = row["memory_floor_ms"]
     else:
-        references = _times(row, target.references)
+        references = _values(row, target.references, target.quantity)
         if not references:
             return None
         reference = min(references.values())
     if not subjects:
         return None
-    subject, ms = min(subjects.items(), key=lambda item: item[1])
+    subject, value = min(subjects.items(), key=lambda item: item[1])
     bound = target.factor * reference
-    floor = floor_ms(row)
-    verdict = MET if ms <= bound else (BEYOND if bound < floor else WITHIN)
-    return {"config": row["config"], "phase": row["phase"], "dtype": row["dtype"], "subject": subject, "ms": ms,
-            "bound_ms": bound, "ratio": bound / ms, "floor_ms": floor, "now": floor / ms, "needs": floor / bound,
-            "verdict": verdict}
+    floor = _floor(row, target.quantity, subject)
+    verdict = MET if value <= bound else (BEYOND if bound < floor else WITHIN)
+    return {"config": row["config"], "phase": row["phase"], "dtype": row["dtype"], "subject": subject,
+            "value": value, "bound": bound, "ratio": bound / value, "floor": floor, "now": floor / value,
+            "needs": floor / bound, "verdict": verdict, "quantity": target.quantity}
 
 
 def evaluate(reports: list[dict]) -> dict[Target, list[dict]]:
@@ -132,14 +148,14 @@ def best_floor_fractions(reports: list[dict]) -> dict[str, float]:
     best: dict[str, float] = {}
     for report in reports:
         for row in report["rows"]:
-            for ms in _times(row, row["results"]).values():
+            for ms in _values(row, row["results"]).values():
                 best[row["phase"]] = max(best.get(row["phase"], 0.0), floor_ms(row) / ms)
     return best
 
 
 def render(verdicts: dict[Target, list[dict]], best: dict[str, float]) -> str:
-    lines = ["'needs' is the bound as a fraction of the floor (two-call floor for dbwd and conv_dbwd); "
-             "'now' is jax_cgtp's.",
+    lines = ["'needs' is the bound as a fraction of the floor (two-call floor for dbwd and conv_dbwd; for memory, "
+             "the phase's arguments and outputs); 'now' is jax_cgtp's.",
              "best %floor reached by any library, per phase: "
              + ", ".join(f"{phase} {100 * v:.0f}%" for phase, v in sorted(best.items()))]
     for target, found in verdicts.items():
@@ -149,7 +165,7 @@ def render(verdicts: dict[Target, list[dict]], best: dict[str, float]) -> str:
         for r in found:
             if r["verdict"] == MET:
                 continue
-            unseen = r["verdict"] == WITHIN and r["needs"] > best.get(r["phase"], 0.0)
+            unseen = r["verdict"] == WITHIN and r["quantity"] == "ms" and r["needs"] > best.get(r["phase"], 0.0)
             lines.append(f"  {r['config']:24} {r['phase']:10} {r['dtype']:8} {r['verdict']:17} "
                          f"at {r['ratio']:.2f} of the bound; now {100 * r['now']:.0f}%, needs {100 * r['needs']:.0f}%"
                          + (" (more than any library reached)" if unseen else "")

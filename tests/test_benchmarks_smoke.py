@@ -245,11 +245,16 @@ def test_a_run_on_the_spatial_graph_records_it(tmp_path):
     assert "spatial graph" in (tmp_path / report.file_names(None)["text"]).read_text()
 
 
-def _target_row(smoke_row: dict, phase: str, floor_ms: float, **times) -> dict:
-    """A copy of a smoke run's row of ``phase`` with the given floor and per-call times (ms)."""
+def _target_row(smoke_row: dict, phase: str, floor_ms: float, memory=None, dtype=None, **times) -> dict:
+    """A copy of a smoke run's row of ``phase`` with the given floor, per-call times (ms) and, per
+    library in ``memory``, its buffers' ``(arguments and outputs, temporaries)`` in bytes."""
     row = json.loads(json.dumps(smoke_row))
     row["memory_floor_ms"] = floor_ms
+    row["dtype"] = dtype or row["dtype"]
     row["results"] = {lib: {"status": "ok", "pipelined_ms": ms} for lib, ms in times.items()}
+    for lib, (held, temp) in (memory or {}).items():
+        row["results"][lib]["memory"] = {"argument": held - 100, "output": 100, "temp": temp, "alias": 0,
+                                         "total": held + temp}
     return row
 
 
@@ -268,23 +273,29 @@ def test_targets_class_each_miss_by_the_floor_it_asks_for(smoke, capsys):
         _target_row(rows["dbwd"], "dbwd", 0.5, jax_cgtp=1.0, cueq=1.2),
     ]}
     second = {"schema": report.SCHEMA, "runs": [], "libraries": {}, "rows": [
-        _target_row(rows["conv_bwd"], "conv_bwd", 0.5, jax_cgtp=1.0, cueq=9.0, oeq=0.9),
+        _target_row(rows["conv_bwd"], "conv_bwd", 0.5, jax_cgtp=1.0, cueq=9.0, oeq=0.9, e3nn=20.0,
+                    memory={"jax_cgtp": (400, 0), "e3nn": (400, 700)}),
+        _target_row(rows["conv_bwd"], "conv_bwd", 0.5, dtype="float32", jax_cgtp=1.0, e3nn=20.0,
+                    memory={"jax_cgtp": (400, 0), "e3nn": (400, 900)}),
     ]}
     verdicts = {t.name: v for t, v in targets.evaluate([first, second]).items()}
     (conv_bwd,) = verdicts["conv_bwd >= 2x cuEq"]
-    assert conv_bwd["verdict"] == targets.WITHIN and conv_bwd["bound_ms"] == pytest.approx(0.9)
+    assert conv_bwd["verdict"] == targets.WITHIN and conv_bwd["bound"] == pytest.approx(0.9)
     assert conv_bwd["needs"] == pytest.approx(0.5 / 0.9)
     (bwd,) = verdicts["bwd >= 1.5x cuEq"]
     assert bwd["verdict"] == targets.BEYOND  # 1.4 / 1.5 ms is shorter than the 0.95 ms floor
     assert [v["verdict"] for v in verdicts["fwd >= 1.0x the best of cuEq and OEQ"]] == [targets.MET]
     (dbwd,) = verdicts["dbwd >= 1.5x cuEq"]
-    assert dbwd["floor_ms"] == pytest.approx(0.5 * cost.two_call_scale(first["rows"][3])) and dbwd["floor_ms"] > 0.8
+    assert dbwd["floor"] == pytest.approx(0.5 * cost.two_call_scale(first["rows"][3])) and dbwd["floor"] > 0.8
     assert dbwd["verdict"] == targets.BEYOND  # 0.8 ms is below the two-call floor, not below the one-pass one
     (det,) = verdicts["deterministic within 1.3x of atomic"]
     assert det["verdict"] == targets.MET and det["subject"] == "jax_cgtp_det"
     (oeq,) = verdicts["every conv phase >= 1.0x OEQ"]  # from the second report, the first lacks OEQ
-    assert oeq["verdict"] == targets.WITHIN and oeq["bound_ms"] == pytest.approx(0.9)
+    assert oeq["verdict"] == targets.WITHIN and oeq["bound"] == pytest.approx(0.9)
     assert verdicts["every phase >= 4x e3nn-jax"] == []
+    beyond, met = verdicts["conv forward+backward memory <= 1/3 of e3nn-jax's"]
+    assert beyond["verdict"] == targets.BEYOND  # a third of 1,100 bytes is less than the 400 every library holds
+    assert beyond["needs"] == pytest.approx(400 / (1100 / 3)) and met["verdict"] == targets.MET
     targets.main([str(out / report.file_names("smoke")["json"])])
     assert "issue 5: every conv phase >= 10x e3nn-jax" in capsys.readouterr().out
     _assert_rejected(targets.main, out.parent / "a-list.json", "[]", "is not a", capsys)

@@ -8,6 +8,7 @@ flushes and the launch plan are checked on every change. They say nothing about 
 
 import functools
 
+import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,6 +50,31 @@ def test_every_member_matches_reference(seed):
     assert _launches() > before  # the kernels ran, not the reference
     expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))
     assert_close(actual, expected, dtype)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_blocks_of_whole_chunks_match_reference(deterministic):
+    """Blocks of 64 channels, as in the public configs (the other tests' blocks end in a partial
+    32-channel chunk): the convolution's joint passes and the slots of a ``uvv`` product."""
+    tp = jax_cgtp.channelwise_tensor_product("64x0e+64x1o", "0e+1o+2e", filter_ir_out="0e+1o+2e")
+    instructions = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions]
+    kernels, reference = (jax_cgtp.TensorProductConv(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, instructions,
+                                                     backend=backend, deterministic=deterministic)
+                          for backend in ("auto", "reference"))
+    args = random_graph(jax.random.PRNGKey(5), kernels, 9, 60, jnp.float64, bad_fraction=0.1)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
+    assert any(k.joint for k in kernel_emulator.launched()[before:])
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+    spec = (e3nn.Irreps("2x0e+2x1o"), e3nn.Irreps("64x0e+64x1o"), e3nn.Irreps("64x0e+64x1o"),
+            [(0, 0, 0, "uvv", True), (0, 1, 1, "uvv", True), (1, 1, 0, "uvv", True), (1, 0, 1, "uvv", True)], {})
+    kernels, reference = pair(spec, kernels="auto")
+    x, y, w = random_inputs(jax.random.PRNGKey(6), spec, (5,), kernels.weight_numel, jnp.float64, False)
+    g = jax.random.normal(jax.random.PRNGKey(7), (5, kernels.irreps_out.dim), jnp.float64)
+    before = _launches()
+    actual = jax.jit(functools.partial(members, kernels))(x, y, w, g)
+    assert any(k.slots for k in kernel_emulator.launched()[before:])
+    assert_close(actual, jax.jit(functools.partial(members, reference))(x, y, w, g), jnp.float64)
 
 
 @pytest.mark.parametrize("batch", [0, 1, 40, 150])

@@ -6,13 +6,14 @@ best of the listed peers: ``factor = 1 / x``), jax_cgtp's own atomic time (the d
 variant within 1.3x), or the row's memory floor (at least a fraction ``f`` of it: ``factor = 1 /
 f``). One bounds memory: the buffers of the convolution's forward and backward (XLA's
 ``memory_analysis`` of the compiled ``conv_bwd``: arguments, outputs and temporaries) at most a
-third of e3nn-jax's. A row that misses its target is classed by what the bound asks for, as a
-fraction of the row's floor:
+third of e3nn-jax's.
 
-* the memory floor (:mod:`benchmarks.cost`: each operand read once and each result written once, at
-  the copy bandwidth measured in the same run); for the double backward, the floor of the two calls
-  JAX makes for any library (:func:`benchmarks.cost.two_call_scale`); for memory, the phase's
-  arguments and outputs, which every library holds;
+A row's floor is its memory floor (:mod:`benchmarks.cost`: each operand read once and each result
+written once, at the copy bandwidth measured in the same run); for the double backward, the floor
+of the two calls JAX makes for any library (:func:`benchmarks.cost.two_call_scale`); for memory,
+the phase's arguments and outputs, which every library holds. A row that misses its target is
+classed by what the bound asks for, as a fraction of that floor:
+
 * **beyond the floor**: the bound is shorter than the floor, so no implementation that moves the
   phase's bytes at copy speed meets it (a read-heavy kernel can run a few percent past the copy
   bandwidth: the report's best %floor per phase is printed for comparison);

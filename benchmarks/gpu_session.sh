@@ -27,7 +27,8 @@
 #                    files are written before the device tool stops the call
 #   --base DIR       [BASE_TREE]      A/B in one call: DIR is a plain copy of another commit's tree
 #                                     (git archive REV | tar -x -C .ab/base; carry .ab too), built and
-#                                     benchmarked first, jax_cgtp alone, with the same phases, configs,
+#                                     benchmarked first, jax_cgtp alone (and jax_cgtp_det where --libs
+#                                     names it), with the same phases, configs,
 #                                     dtypes and arguments after -- (bench-TAG-base.json/txt;
 #                                     BASE_COMMIT names it); then
 #                                     this tree is built and everything else runs as usual
@@ -124,8 +125,10 @@ if [ -n "$BASE_TREE" ]; then
   step "A/B: build and benchmark the base tree $BASE_TREE (${BASE_COMMIT:-unnamed}; log in setup.log)"
   if python3 -m pip install --no-build-isolation --no-deps -e "$BASE_TREE" >>"$SETUP" 2>&1; then
     bench_args "$(( (SESSION_SECONDS - 90 - SECONDS) / 2 ))"
+    base_libs=jax_cgtp
+    case ",$LIBS," in *,jax_cgtp_det,*) base_libs=jax_cgtp,jax_cgtp_det ;; esac
     (cd "$BASE_TREE" && JAX_CGTP_GIT_COMMIT=${BASE_COMMIT:-unknown} python3 -m benchmarks.run "${args[@]}" \
-      ${EXTRA[@]+"${EXTRA[@]}"} --libs jax_cgtp --no-plots --tag "$TAG-base") >>"$SETUP" 2>&1
+      ${EXTRA[@]+"${EXTRA[@]}"} --libs "$base_libs" --no-plots --tag "$TAG-base") >>"$SETUP" 2>&1
     echo "base benchmark exit status $?" | tee -a "$SETUP"
   else
     echo "base tree build FAILED (see setup.log)" | tee -a "$SETUP"

@@ -149,8 +149,9 @@ def best_floor_fractions(reports: list[dict]) -> dict[str, float]:
     best: dict[str, float] = {}
     for report in reports:
         for row in report["rows"]:
-            for ms in _values(row, row["results"]).values():
-                best[row["phase"]] = max(best.get(row["phase"], 0.0), floor_ms(row) / ms)
+            times = _values(row, row["results"])
+            if times:
+                best[row["phase"]] = max(best.get(row["phase"], 0.0), floor_ms(row) / min(times.values()))
     return best
 
 

@@ -45,6 +45,13 @@ def spherical_harmonics_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", unweigh
     return _same_problem_pair(tp, cls, kernels, options, unweighted)
 
 
+def whole_chunks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
+    """A MACE-like product of 64-channel blocks, as in the public configs: every 32-channel chunk
+    is whole. On the kernels' backend and on the reference."""
+    tp = jax_cgtp.channelwise_tensor_product("64x0e+64x1o", "0e+1o+2e", filter_ir_out="0e+1o+2e")
+    return _same_problem_pair(tp, cls, kernels, options)
+
+
 def wide_block_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     """A product whose x blocks have many paths: 1o and 2e over ``0e+1o+2e+3o``, every output
     (48 and 65 z components per block, more than a float64 walk by destination holds at once).

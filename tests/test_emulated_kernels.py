@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, members, pair,
                             high_l_pair, random_graph, second_derivatives, spherical_harmonics_pair,
-                            squared_norm_and_gradients, wide_block_pair)
+                            squared_norm_and_gradients, whole_chunks_pair, wide_block_pair)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -56,11 +56,7 @@ def test_every_member_matches_reference(seed):
 def test_blocks_of_whole_chunks_match_reference(deterministic):
     """Blocks of 64 channels, as in the public configs (the other tests' blocks end in a partial
     32-channel chunk): the convolution's joint passes and the slots of a ``uvv`` product."""
-    tp = jax_cgtp.channelwise_tensor_product("64x0e+64x1o", "0e+1o+2e", filter_ir_out="0e+1o+2e")
-    instructions = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions]
-    kernels, reference = (jax_cgtp.TensorProductConv(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, instructions,
-                                                     backend=backend, deterministic=deterministic)
-                          for backend in ("auto", "reference"))
+    kernels, reference = whole_chunks_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(5), kernels, 9, 60, jnp.float64, bad_fraction=0.1)
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)

@@ -16,6 +16,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # the r
 
 from benchmarks import configs, cost, inputs, phases, report, run  # noqa: E402
 from benchmarks.peers import LIBRARIES  # noqa: E402
+from jax_cgtp import nvrtc  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +117,25 @@ def test_profile_counts_the_launches_that_jit_keeps(lower_for_sm90, capsys):
         profile.main(["tiny-uvu", phase, "float32", "--edges", "64", "--launches"])
         counts[phase] = int(capsys.readouterr().out)
     assert counts == {"conv_fwd": 1, "conv_bwd": 1, "conv_dbwd": 2}
+
+
+@pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
+def test_kernel_stats_reads_registers_and_code_size_from_each_cubin(lower_for_sm90, capsys):
+    """One line per launch of each row (a double backward is two), each kernel with 1-255
+    registers and some SASS; a file that is not a cubin and an unknown variant are errors."""
+    from benchmarks import kernel_stats
+
+    kernel_stats.main(["--configs", "tiny-uvu", "--phases", "conv_fwd,dbwd", "--dtype", "float32"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(r[1], r[3], r[4]) for r in rows] == [
+        ("conv_fwd", "jax_cgtp", "0"), ("conv_fwd", "jax_cgtp_det", "0"), ("dbwd", "jax_cgtp", "0"),
+        ("dbwd", "jax_cgtp", "1")]
+    assert all(0 < int(r[5]) <= 255 and int(r[6]) > 0 and int(r[7]) >= 0 for r in rows)
+    with pytest.raises(ValueError, match="not an ELF64 cubin"):
+        kernel_stats.cubin_stats(b"not a cubin")
+    with pytest.raises(SystemExit):
+        kernel_stats.main(["--configs", "tiny-uvu", "--libs", "cueq"])
+    assert "unknown lib cueq" in capsys.readouterr().err
 
 
 def test_profile_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, planned_with):

@@ -11,7 +11,10 @@ For each config, phase, dtype and variant (``jax_cgtp``, ``jax_cgtp_det``) the r
 * SASS instructions: the ``.text.cgtp_kernel`` section's size over 16 bytes per instruction (sm_70
   and later).
 
-A kernel change that reshapes register allocation can be judged here before device time is spent::
+A kernel change that reshapes register allocation can be judged here before device time is spent,
+with one caution: the NVRTC of JAX's CUDA wheel on the GPU machine and the CUDA toolkit's NVRTC
+here, both 13.0, allocate registers differently for some kernels (nequip-revmd17-benzene's float32
+convolution forward: 168 registers there, 158 here), so for exact numbers run it there too::
 
     python -m benchmarks.kernel_stats --configs mace-l2-c128 --phases conv_fwd --dtype float32
 """

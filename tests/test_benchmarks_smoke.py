@@ -99,6 +99,36 @@ def test_merging_two_reports_keeps_every_row_and_run(smoke, tmp_path):
     assert "bench.json" in report.write(merged, tmp_path, with_plots=False)["json"]
 
 
+def test_compare_gives_each_later_report_over_the_base_row_by_row(smoke, tmp_path, capsys):
+    """A report twice as slow on one row reads 2.000 there and 1.000 elsewhere; rows the other
+    report lacks are left out; a file that is not a report is an error naming it."""
+    import copy
+
+    from benchmarks import compare
+
+    result, _ = smoke
+    slower = copy.deepcopy(result)
+    first = slower["rows"][0]
+    lib = next(name for name, r in first["results"].items() if r.get("status") == "ok")
+    for key in ("pipelined_ms", "median_ms"):
+        if first["results"][lib].get(key):
+            first["results"][lib][key] *= 2
+    del slower["rows"][-1]
+    report.write(result, tmp_path / "a", with_plots=False)
+    report.write(slower, tmp_path / "b", with_plots=False)
+    text = compare.main([str(tmp_path / "a" / "bench.json"), str(tmp_path / "b" / "bench.json"), "--names", "a,b"])
+    lines = text.splitlines()[2:]
+    measured = sum(r.get("status") == "ok" for row in slower["rows"] for r in row["results"].values())
+    assert len(lines) == measured
+    ratios = {tuple(line.split()[:4]): float(line.split()[-1]) for line in lines}
+    assert ratios.pop((first["config"], first["phase"], first["dtype"], lib)) == 2.0
+    assert set(ratios.values()) == {1.0}
+    (tmp_path / "not.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        compare.main([str(tmp_path / "a" / "bench.json"), str(tmp_path / "not.json")])
+    assert "not.json is not a" in capsys.readouterr().err
+
+
 def test_min_bytes_of_the_backward_reads_four_operands_and_writes_three():
     from benchmarks.problems import build
 
@@ -133,6 +163,10 @@ def test_kernel_stats_reads_registers_and_code_size_from_each_cubin(lower_for_sm
     assert all(0 < int(r[5]) <= 255 and int(r[6]) > 0 and int(r[7]) >= 0 for r in rows)
     with pytest.raises(ValueError, match="not an ELF64 cubin"):
         kernel_stats.cubin_stats(b"not a cubin")
+    local = ('extern "C" __global__ void cgtp_kernel(float* p, int i) '
+             "{ float a[1024]; for (int j = 0; j < 1024; ++j) a[j] = p[j]; a[i & 1023] += 1.0f; "
+             "for (int j = 0; j < 1024; ++j) p[j] = a[j] * a[1023 - j]; }")
+    assert kernel_stats.cubin_stats(nvrtc.compile_cubin(local, "sm_90")).local_bytes >= 4096  # the array
     with pytest.raises(SystemExit):
         kernel_stats.main(["--configs", "tiny-uvu", "--libs", "cueq"])
     assert "unknown lib cueq" in capsys.readouterr().err

@@ -32,8 +32,9 @@ import jax
 from jax_cgtp import codegen, nvrtc
 from jax_cgtp.cuda_lowering import planned_kernels
 
-from . import configs
+from . import configs, phases
 from .profile import phase_and_arguments
+from .run import _list
 
 INSTRUCTION_BYTES = 16
 _REGCOUNT, _FRAME_SIZE = 0x2F, 0x11  # EIATTR_REGCOUNT, EIATTR_FRAME_SIZE: (symbol, value) pairs
@@ -101,23 +102,23 @@ def row_kernels(config: str, phase: str, dtype: str, lib: str):
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default="public", help="comma-separated configs or a suite (default public)")
-    parser.add_argument("--phases", default=",".join(configs.PHASES))
-    parser.add_argument("--dtype", default=",".join(configs.DTYPES))
-    parser.add_argument("--libs", default=",".join(VARIANTS))
+    parser.add_argument("--configs", type=_list, default=["public"], help="comma-separated configs or a suite (default public)")
+    parser.add_argument("--phases", type=_list, default=list(configs.PHASES))
+    parser.add_argument("--dtype", type=_list, default=list(configs.DTYPES))
+    parser.add_argument("--libs", type=_list, default=list(VARIANTS))
     parser.add_argument("--arch", default="sm_90")
     args = parser.parse_args(argv)
-    names = configs.SUITES.get(args.configs) or tuple(args.configs.split(","))
-    for label, chosen, allowed in (("config", names, configs.CONFIGS), ("phase", args.phases.split(","), configs.ALL_PHASES),
-                                   ("dtype", args.dtype.split(","), configs.DTYPES), ("lib", args.libs.split(","), VARIANTS)):
+    names = [c for name in args.configs for c in configs.SUITES.get(name, (name,))]
+    for label, chosen, allowed in (("config", names, configs.CONFIGS), ("phase", args.phases, configs.ALL_PHASES),
+                                   ("dtype", args.dtype, configs.DTYPES), ("lib", args.libs, VARIANTS)):
         unknown = [c for c in chosen if c not in allowed]
         if unknown:
             parser.error(f"unknown {label} {', '.join(unknown)}; choose from {', '.join(allowed)}")
     if not nvrtc.available():
         sys.exit("benchmarks.kernel_stats: NVRTC is not available on this machine")
     jax.config.update("jax_enable_x64", True)
-    rows = [(c, p, d, lib) for c in names for p in args.phases.split(",") for d in args.dtype.split(",")
-            for lib in args.libs.split(",") if not (lib == "jax_cgtp_det" and not p.startswith("conv"))]
+    rows = [(c, p, d, lib) for c in names for p in args.phases for d in args.dtype
+            for lib in args.libs if lib != "jax_cgtp_det" or phases.is_conv(p)]
     launches = [(row, n, kernel) for row in rows for n, kernel in enumerate(row_kernels(*row))]
 
     def stats(kernel):

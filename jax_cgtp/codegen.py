@@ -21,7 +21,7 @@ import pathlib
 from .operands import BATCHED, INDEXED, SHARED
 from .codegen_joint import emit_joint
 from .codegen_stream import emit_stream
-from .cuda_text import Writer, emit_edge_header, literal, owned_end, put, row_of
+from .cuda_text import Writer, emit_chunk_lanes, emit_edge_header, literal, owned_end, put, row_of
 from .schedule import WARP, Contribution, Factor, KernelSchedule, Slot, slot_chunks, stage_width
 
 _HEADER = "cgtp_device.cuh"
@@ -255,9 +255,7 @@ def _emit_slot(w: Writer, schedule: KernelSchedule, slot: Slot, chunks: tuple[in
         begin, end = chunks or (0, slot_chunks(slot))
         w("#pragma unroll 1")
         w.open(f"for (int c = {begin}; c < {end}; ++c)")
-        w("const int lc = c * 32 + lane;")
-        w(f"const bool active = lc < {lane_mul};")
-        w(f"const int nrows = {lane_mul} - c * 32 < 32 ? {lane_mul} - c * 32 : 32;")
+        emit_chunk_lanes(w, lane_mul)
     for letter in slot.outer_letters:
         w("#pragma unroll 1")
         w.open(f"for (int o_{letter} = 0; o_{letter} < {slot.muls[slot.letters.index(letter)]}; ++o_{letter})")

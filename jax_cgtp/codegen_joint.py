@@ -12,8 +12,8 @@ from it. :mod:`jax_cgtp.codegen` writes the kernel around it.
 from __future__ import annotations
 
 from .operands import BATCHED, INDEXED, SHARED
-from .cuda_text import (Writer, cg_sums, emit_edge_header, emit_transposed_sum, lane_row, literal, owned_end, put,
-                        row_of)
+from .cuda_text import (Writer, cg_sums, emit_chunk_lanes, emit_edge_header, emit_transposed_sum, lane_row, literal,
+                        owned_end, put, row_of)
 from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, JointPath, KernelSchedule, ahead_slot,
                        stage_width)
 
@@ -88,9 +88,7 @@ def _open_joint_chunks(w: Writer, x_offset: int, mul: int, dim: int, paths) -> N
       f"[{', '.join(str(p.ins_index) for p in paths)}]")
     w("#pragma unroll 1")
     w.open(f"for (int c = 0; c < {-(-mul // WARP)}; ++c)")
-    w("const int lc = c * 32 + lane;")
-    w(f"const bool active = lc < {mul};")
-    w(f"const int nrows = {mul} - c * 32 < 32 ? {mul} - c * 32 : 32;")
+    emit_chunk_lanes(w, mul)
 
 
 def _stage_y_base(n: int, dim: int) -> str:

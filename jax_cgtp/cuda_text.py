@@ -63,6 +63,18 @@ def cg_sums(nonzeros, key: int, factors, dtype: str) -> dict[int, str]:
     return {c: " + ".join(terms) for c, terms in sorted(sums.items())}
 
 
+def emit_chunk_lanes(w: Writer, mul: int, chunk: str = "c") -> None:
+    """``lc`` (the lane's channel), ``active`` (it exists) and ``nrows`` (the channels of the chunk)
+    for 32-channel chunk ``chunk`` of ``mul`` channels; constants when ``mul`` is a multiple of 32."""
+    w(f"const int lc = {chunk} * 32 + lane;")
+    if mul % WARP == 0:
+        w("const bool active = true;  // whole chunks of 32 channels")
+        w("const int nrows = 32;")
+    else:
+        w(f"const bool active = lc < {mul};")
+        w(f"const int nrows = {mul} - {chunk} * 32 < 32 ? {mul} - {chunk} * 32 : 32;")
+
+
 def emit_edge_header(w: Writer, schedule: KernelSchedule) -> None:
     w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
     w("const bool ok = __shfl_sync(CGTP_FULL_MASK, (int)my_ok, t) != 0;")

@@ -21,7 +21,7 @@ import pathlib
 from .operands import BATCHED, INDEXED, SHARED
 from .codegen_joint import emit_joint
 from .codegen_stream import emit_stream
-from .cuda_text import Writer, emit_chunk_lanes, emit_edge_header, literal, owned_end, put, row_of
+from .cuda_text import Writer, emit_chunk_lanes, emit_edge_header, literal, owned_end, put, row_of, tile_value
 from .schedule import WARP, Contribution, Factor, KernelSchedule, Slot, slot_chunks, stage_width
 
 _HEADER = "cgtp_device.cuh"
@@ -149,7 +149,7 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w("const long long first = seg_begin + walked;")
         w("const bool fresh = walked == 0;  // the run's first edges store, later ones add")
         w("const int count = (int)(seg_end - first < 32 ? (seg_end > first ? seg_end - first : 0) : 32);")
-        w(f"const long long my_edge = lane < count ? (long long)perm_{r}[first + lane] : 0;")
+        edge = f"lane < count ? perm_{r}[first + lane] : I(0)"
     elif schedule.tiling == "segments":
         r = schedule.segment_role
         w(f"// one warp (per group) reduces each {r}-node: its edges in sorted order, 32 at a time; runs -1 and")
@@ -162,7 +162,7 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
         w("const bool fresh = first == seg_begin;  // the run's first edges store, later ones add")
         w("const int count = (int)(seg_end - first < 32 ? seg_end - first : 32);")
-        w(f"const long long my_edge = lane < count ? (long long)perm_{r}[first + lane] : 0;")
+        edge = f"lane < count ? perm_{r}[first + lane] : I(0)"
     else:
         tile = schedule.tile
         if schedule.fill:
@@ -175,12 +175,8 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w.open(f"for (long long tile = {first}; tile < num_tiles; tile += {step})")
         w("const long long first = tile * span;")
         w("const int count = (int)(num_edges - first < span ? num_edges - first : span);")
-        w("const long long my_edge = first + lane;")
-    w("bool my_ok = lane < count;")
-    for r in call.indexed_roles:
-        w(f"const long long my_ix_{r} = my_ok ? (long long)idx_{r}[my_edge] : -1;")
-    for r in call.indexed_roles:
-        w(f"my_ok = my_ok && cgtp_valid(my_ix_{r}, rows_{r});")
+        edge = "first + lane"
+    _emit_lane_edges(w, schedule, edge)
     if schedule.joint is not None:
         emit_joint(w, schedule)
     elif schedule.stream is not None:
@@ -200,13 +196,26 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         for start, end in out.zero_ranges:
             w(f"// out{k} ({out.role}) components [{start}, {end}) have no path: zeros")
             w.open("for (int t = 0; t < count; ++t)" if groups == 1 else "for (int t = 0; group == 0 && t < count; ++t)")
-            w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
+            w(f"const long long e = {tile_value(schedule, 'my_edge', 't')};")
             w(f"for (int q = lane; q < {end - start}; q += 32) "
               f"out{k}[e * {out.dim}LL + {start} + q] = T(0);")
             w.close()
     if schedule.tiling == "segments":
         w.close()
     w.close()
+
+
+def _emit_lane_edges(w: Writer, schedule: KernelSchedule, edge: str) -> None:
+    """The lane's edge of the tile (``my_edge``: ``edge``, below ``count``), whether it is valid
+    (``my_ok``), and its index of each INDEXED role (``my_ix_{role}``, in the index type, -1 when
+    invalid)."""
+    sorted_edge = schedule.tiling == "segments"
+    w(f"const {'I' if sorted_edge else 'long long'} my_edge = {edge};")
+    w("bool my_ok = lane < count;")
+    for r in schedule.call.indexed_roles:
+        w(f"const I my_ix_{r} = my_ok ? idx_{r}[my_edge] : I(-1);")
+    for r in schedule.call.indexed_roles:
+        w(f"my_ok = my_ok && cgtp_valid(my_ix_{r}, rows_{r});")
 
 
 def _emit_owned_zeros(w: Writer, schedule: KernelSchedule) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .operands import BATCHED, INDEXED, SHARED
 from .cuda_text import (Writer, cg_sums, emit_chunk_lanes, emit_edge_header, emit_transposed_sum, lane_row, literal,
-                        owned_end, put, row_of)
+                        owned_end, put, row_of, tile_value)
 from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, JointPath, KernelSchedule, ahead_slot,
                        stage_width)
 
@@ -105,7 +105,7 @@ def _emit_tile_y(w: Writer, schedule: KernelSchedule) -> None:
     w("__syncwarp();")
     w.open(f"for (int q = lane; q < {WARP * dim}; q += 32)")
     w(f"const int t = q / {dim};")
-    w("const long long row = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
+    w(f"const long long row = {tile_value(schedule, 'my_edge', 't')};")
     for n, array in enumerate(schedule.joint.reads("y")):
         w(f"if (t < count) stage_y[{_stage_y_base(n, dim)}q] = in{array}[row * {dim}LL + q % {dim}];")
     w.close()
@@ -130,7 +130,7 @@ def _ahead_rows(w: Writer, schedule: KernelSchedule, roles) -> dict[str, str]:
         if kind == SHARED:
             rows[role] = "0"
             continue
-        w(f"const long long row_{role} = ok_a ? (long long)__shfl_sync(CGTP_FULL_MASK, {lane_row(schedule, role)}, ta) : 0;")
+        w(f"const long long row_{role} = ok_a ? {tile_value(schedule, lane_row(schedule, role), 'ta')} : 0;")
         rows[role] = f"row_{role}"
     return rows
 
@@ -533,7 +533,7 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
         w("__syncwarp();")
         if schedule.tiling == "segments":  # the edges of a node's run: rows of the sorted permutation
             w.open("for (int t = 0; t < count; ++t)")
-            w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
+            w(f"const long long e = {tile_value(schedule, 'my_edge', 't')};")
             w(f"for (int q = lane; q < {y_dim}; q += 32) out{outs['y']}[e * {out.dim}LL + q] = ysum[t * {y_dim} + q];")
             w.close()
         else:  # a tile's edges are consecutive rows

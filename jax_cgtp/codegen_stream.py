@@ -8,7 +8,7 @@ waits for item ``n``'s own copy. The arithmetic of an item is in :func:`_emit_it
 
 from __future__ import annotations
 
-from .cuda_text import Writer, cg_sums, emit_edge_header, emit_transposed_sum, lane_row, put
+from .cuda_text import Writer, cg_sums, emit_edge_header, emit_transposed_sum, lane_row, put, tile_value
 from .operands import BATCHED
 from .schedule import KernelSchedule
 from .stream import WARP, StreamItem, stage_width
@@ -92,7 +92,7 @@ def _emit_rows_issue(w: Writer, schedule: KernelSchedule, edge: str) -> None:
     for role in stream.row_inputs:
         if lane_row(schedule, role) not in names:
             names[lane_row(schedule, role)] = f"row_{role}_a"
-            w(f"const long long row_{role}_a = __shfl_sync(CGTP_FULL_MASK, {lane_row(schedule, role)}, ta);")
+            w(f"const long long row_{role}_a = {tile_value(schedule, lane_row(schedule, role), 'ta')};")
     for role in stream.row_inputs:
         dim = problem.operand_dim(role)
         row = names[lane_row(schedule, role)]
@@ -113,7 +113,7 @@ def _emit_issue(w: Writer, schedule: KernelSchedule, edge: str, item: StreamItem
     w("const int lane = cgtp_lane();  // read here, so that the copy's addresses are not held across edges")
     w(f"const int ta = {edge};")
     w.open("if (ta < count)")
-    w("const long long ea = __shfl_sync(CGTP_FULL_MASK, my_edge, ta);")
+    w(f"const long long ea = {tile_value(schedule, 'my_edge', 'ta')};")
     w(f"cgtp_copy_async<{item.size}, {p.z_mul}, {stage_width(p.z_mul)}>(stage_ring + ({slot}) * {stream.slot}, "
       f"in{dict(stream.arrays)['w']} + ea * {w_dim}LL + {p.w_offset + item.first * p.z_mul}, lane);  "
       f"// path {p.ins_index}, rows [{item.first}, {item.first + item.rows})")

@@ -48,8 +48,17 @@ def row_of(schedule: KernelSchedule, role: str) -> str:
 
 def lane_row(schedule: KernelSchedule, role: str) -> str:
     """The per-lane register holding the row of ``role`` (BATCHED or INDEXED) for the lane's edge
-    of the tile; shuffle it from lane ``t`` for the tile's edge ``t``."""
+    of the tile; :func:`tile_value` gives its value for the tile's edge ``t``."""
     return "my_edge" if schedule.call.kind(role) == BATCHED else f"my_ix_{role}"
+
+
+def tile_value(schedule: KernelSchedule, register: str, t: str) -> str:
+    """The ``long long`` value of lane register ``register`` (``my_edge``, ``my_ix_{role}``) for
+    the tile's edge ``t``: ``first + t`` for the edge of a tile of consecutive edges, else a
+    shuffle from lane ``t`` (one 32-bit shuffle for an ``int`` index or sorted position)."""
+    if register == "my_edge" and schedule.tiling != "segments":
+        return f"(first + {t})"
+    return f"(long long)__shfl_sync(CGTP_FULL_MASK, {register}, {t})"
 
 
 def cg_sums(nonzeros, key: int, factors, dtype: str) -> dict[int, str]:
@@ -76,10 +85,10 @@ def emit_chunk_lanes(w: Writer, mul: int, chunk: str = "c") -> None:
 
 
 def emit_edge_header(w: Writer, schedule: KernelSchedule) -> None:
-    w("const long long e = __shfl_sync(CGTP_FULL_MASK, my_edge, t);")
+    w(f"const long long e = {tile_value(schedule, 'my_edge', 't')};")
     w("const bool ok = __shfl_sync(CGTP_FULL_MASK, (int)my_ok, t) != 0;")
     for r in schedule.call.indexed_roles:
-        w(f"const long long ix_{r} = __shfl_sync(CGTP_FULL_MASK, my_ix_{r}, t);")
+        w(f"const long long ix_{r} = {tile_value(schedule, f'my_ix_{r}', 't')};")
 
 
 def emit_transposed_sum(w: Writer, values: list[str], target: str, close: str, op: str) -> None:

@@ -208,7 +208,7 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
 def _emit_lane_edges(w: Writer, schedule: KernelSchedule, edge: str) -> None:
     """The lane's edge of the tile (``my_edge``: ``edge``, below ``count``), whether it is valid
     (``my_ok``), and its index of each INDEXED role (``my_ix_{role}``, in the index type, -1 when
-    invalid)."""
+    invalid); ``tile_ok``, the valid edges of the tile as bits (:func:`~jax_cgtp.cuda_text.edge_ok`)."""
     sorted_edge = schedule.tiling == "segments"
     w(f"const {'I' if sorted_edge else 'long long'} my_edge = {edge};")
     w("bool my_ok = lane < count;")
@@ -216,6 +216,7 @@ def _emit_lane_edges(w: Writer, schedule: KernelSchedule, edge: str) -> None:
         w(f"const I my_ix_{r} = my_ok ? idx_{r}[my_edge] : I(-1);")
     for r in schedule.call.indexed_roles:
         w(f"my_ok = my_ok && cgtp_valid(my_ix_{r}, rows_{r});")
+    w("const unsigned tile_ok = __ballot_sync(CGTP_FULL_MASK, my_ok);  // bit t: the tile's edge t is valid")
 
 
 def _emit_owned_zeros(w: Writer, schedule: KernelSchedule) -> None:

@@ -12,8 +12,8 @@ from it. :mod:`jax_cgtp.codegen` writes the kernel around it.
 from __future__ import annotations
 
 from .operands import BATCHED, INDEXED, SHARED
-from .cuda_text import (Writer, cg_sums, emit_chunk_lanes, emit_edge_header, emit_transposed_sum, lane_row, literal,
-                        owned_end, put, row_of, tile_value)
+from .cuda_text import (Writer, cg_sums, edge_ok, emit_chunk_lanes, emit_edge_header, emit_transposed_sum, lane_row,
+                        literal, owned_end, put, row_of, tile_value)
 from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, JointPath, KernelSchedule, ahead_slot,
                        stage_width)
 
@@ -207,7 +207,7 @@ def _open_edge_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: in
     xs = joint.reads("x")
     w.open("")
     w(f"const int ta = {edge};")
-    w("const bool ok_a = ta < count && __shfl_sync(CGTP_FULL_MASK, (int)my_ok, ta) != 0;")
+    w(f"const bool ok_a = ta < count && {edge_ok('ta')};")
     rows = _ahead_rows(w, schedule, (["x"] if xs else []) + (["w"] if weighted else []))
     x_chunks = {a: f"in{a} + {rows['x']} * {problem.operand_dim('x')}LL + {x_offset} + c * {WARP * dim}LL" for a in xs}
     w_rows = {a: f"in{a} + {rows['w']} * {problem.operand_dim('w')}LL" for a in joint.reads("w")} if weighted else {}

@@ -8,7 +8,7 @@ waits for item ``n``'s own copy. The arithmetic of an item is in :func:`_emit_it
 
 from __future__ import annotations
 
-from .cuda_text import Writer, cg_sums, emit_edge_header, emit_transposed_sum, lane_row, put, tile_value
+from .cuda_text import Writer, cg_sums, edge_ok, emit_edge_header, emit_transposed_sum, lane_row, put, tile_value
 from .operands import BATCHED
 from .schedule import KernelSchedule
 from .stream import WARP, StreamItem, stage_width
@@ -87,7 +87,7 @@ def _emit_rows_issue(w: Writer, schedule: KernelSchedule, edge: str) -> None:
     w("const int lane = cgtp_lane();")
     w(f"const int ta = {edge};")
     w.open("if (ta < count)")
-    w("const bool ok_a = __shfl_sync(CGTP_FULL_MASK, (int)my_ok, ta) != 0;")
+    w(f"const bool ok_a = {edge_ok('ta')};")
     names: dict[str, str] = {}  # lane register -> the register holding its value for edge ta
     for role in stream.row_inputs:
         if lane_row(schedule, role) not in names:

@@ -84,9 +84,14 @@ def emit_chunk_lanes(w: Writer, mul: int, chunk: str = "c") -> None:
         w(f"const int nrows = {mul} - {chunk} * 32 < 32 ? {mul} - {chunk} * 32 : 32;")
 
 
+def edge_ok(t: str) -> str:
+    """Whether the tile's edge ``t`` (below 32) is valid: bit ``t`` of the tile's ballot."""
+    return f"((tile_ok >> {t}) & 1u) != 0"
+
+
 def emit_edge_header(w: Writer, schedule: KernelSchedule) -> None:
     w(f"const long long e = {tile_value(schedule, 'my_edge', 't')};")
-    w("const bool ok = __shfl_sync(CGTP_FULL_MASK, (int)my_ok, t) != 0;")
+    w(f"const bool ok = {edge_ok('t')};")
     for r in schedule.call.indexed_roles:
         w(f"const long long ix_{r} = {tile_value(schedule, f'my_ix_{r}', 't')};")
 

@@ -2,9 +2,9 @@
 //
 // Every thread of a block is a fiber (a ucontext with its own stack), and a block's fibers take
 // turns on the calling thread: a fiber runs until it waits at a barrier, then the next one runs.
-// The 32 threads of a warp meet at a barrier for __syncwarp and for each shuffle (a value is
-// published, the warp meets, the source lane's value is read, the warp meets again), and the
-// block's threads at another for __syncthreads. This is exact for code whose warp-synchronous
+// The 32 threads of a warp meet at a barrier for __syncwarp and for each shuffle or ballot (a
+// value is published, the warp meets, the source lanes' values are read, the warp meets again),
+// and the block's threads at another for __syncthreads. This is exact for code whose warp-synchronous
 // operations run in warp-uniform control flow with the full mask, which the generated kernels
 // require anyway; a launch where every waiting thread waits forever returns an error.
 // Blocks run one after the other, so one static buffer serves as every block's shared memory.
@@ -81,6 +81,17 @@ inline V __shfl_sync(unsigned, V value, int source) {
 template <class V>
 inline V __shfl_xor_sync(unsigned mask, V value, int lane_mask) {
   return __shfl_sync(mask, value, static_cast<int>(threadIdx.x & 31) ^ lane_mask);
+}
+
+// Bit `l` of the result is lane l's `predicate`; every lane receives the same mask.
+inline unsigned __ballot_sync(unsigned, int predicate) {
+  cgtp_emu_warp& warp = *cgtp_emu_my_warp;
+  warp.slots[threadIdx.x & 31][0] = predicate != 0;
+  cgtp_emu_arrive_and_wait(warp.meet);
+  unsigned mask = 0;
+  for (int l = 0; l < 32; ++l) mask |= static_cast<unsigned>(warp.slots[l][0]) << l;
+  cgtp_emu_arrive_and_wait(warp.meet);
+  return mask;
 }
 
 template <class V>

@@ -94,7 +94,8 @@ def generate(schedule: KernelSchedule) -> str:
             params += [f"const I* __restrict__ perm_{r}", f"const I* __restrict__ off_{r}"]
     params += [f"T* __restrict__ out{k}" for k in range(len(schedule.outputs))]
     params += [f"const long long {name}" for name in scalar_names(schedule)]
-    w(f'extern "C" __global__ void __launch_bounds__({schedule.block}) {KERNEL_NAME}(')
+    bounds = f"{schedule.block}, 1" if schedule.roomy else f"{schedule.block}"  # schedule.ROOMY_WALK_TERMS
+    w(f'extern "C" __global__ void __launch_bounds__({bounds}) {KERNEL_NAME}(')
     for n, p in enumerate(params):
         w("    " + p + ("," if n + 1 < len(params) else ") {"))
     w.depth += 1

@@ -128,6 +128,18 @@ FILL_MIN_SPAN = 8
 # 1.04-1.07x on the forwards of sevennet-l3-c32 (611) and mace-l2-c128 (351) and the backwards of
 # nequip-l2-c32 (411) and mace-medium (174), 0.98-1.00x on mace-large's backward (645).
 LOCKSTEP_WARPS = ((800, 4), (2048, 8))
+# ptxas holds many kernels at 128 registers (16 warps per SM at 128 threads per block) where their code
+# would take more. Free-running warps of a walk over long code then sit at different places in it
+# and miss the instruction cache: nequip-revmd17-benzene's float32 atomic conv_bwd (3,666 terms) at
+# 128 registers waited 3.39 cycles per issued instruction for a fetch, against 0.65 at 167 (H200).
+# A free-running walk (not lockstep) of more than ROOMY_WALK_TERMS CG terms, and at most WALK_TERMS
+# (the range measured), is compiled with one block per SM as ptxas' occupancy target
+# (``__launch_bounds__(block, 1)``), so it keeps the registers its code needs. Measured against
+# ptxas' own target (H200, same call, float32): 0.75-0.87x the time of nequip-revmd17-benzene's conv_fwd
+# (1,222 terms), conv_bwd and bwd (3,666) and sevennet-l3-c32's bwd (1,833); equal on its conv_bwd;
+# 1.01-1.07x on mace-l2-c128's bwd and conv_bwd (1,053), and 1.24x on the deterministic
+# lockstep conv_bwd of nequip-revmd17-benzene (benchmarks/results/nvidia-h200/full-chunks/).
+ROOMY_WALK_TERMS = 1100
 # The convolution's forward walk loads each edge's x chunk and weights AHEAD_DEPTH edges ahead,
 # copied asynchronously (cp.async) into a ring of AHEAD_DEPTH + 1 shared-memory slots per warp (0:
 # the next edge into registers, as the other walks do). The registers that held the next edge's
@@ -357,6 +369,8 @@ class KernelSchedule:
     lockstep: bool = False
     # a forward walk's look-ahead: edges loaded ahead into the ``ahead`` ring (0: the next, in registers)
     ahead: int = 0
+    # ptxas aims at one block per SM, not at its own register target (ROOMY_WALK_TERMS)
+    roomy: bool = False
 
     @property
     def itemsize(self) -> int:
@@ -686,6 +700,13 @@ def _lockstep_warps(joint: JointPass | None) -> int:
     return max((warps for terms, warps in LOCKSTEP_WARPS if joint.cg_terms > terms), default=0)
 
 
+def _roomy(joint: JointPass | None, lockstep: int) -> bool:
+    """Whether a launch keeps the registers its code needs (ROOMY_WALK_TERMS): a free-running walk
+    of long code."""
+    return (joint is not None and joint.walk and not lockstep
+            and ROOMY_WALK_TERMS < joint.cg_terms <= WALK_TERMS)
+
+
 def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
     """Split the call's outputs into launches: ``[(output indices, segment role or None)]``.
 
@@ -877,6 +898,7 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             edge_sums,
             lockstep=bool(lockstep),
             ahead=ahead,
+            roomy=_roomy(joint, lockstep),
         )
         kernel = _fit_shared_memory(kernel)
         if edges is not None and joint is None and stream is None:

@@ -565,3 +565,24 @@ def test_auto_runs_derivatives_of_node_level_shared_uvw_products_on_xla():
     grads = jax.grad(lambda x, w: jnp.sum(tp(x, y, w) ** 2), argnums=(0, 1))
     roles = [[o.role for o in k.outputs] for k in cuda_lowering.planned_kernels(grads, x, w)]
     assert roles == [["z"]]  # the forward on the kernels, the backward on XLA
+
+
+def test_free_running_walks_of_long_code_keep_their_registers():
+    """sevennet-l3-c32's fused backward (1,833 CG terms) walks free as a product and as the atomic
+    convolution: one block per SM is ptxas' target. Its forward by destination (611 terms), the
+    deterministic backward (lockstep) and a short pass keep ptxas' own target."""
+    problem = jax_cgtp.channelwise_tensor_product("32x0e+32x1o+32x2e+32x3o", "0e+1o+2e+3o").problem
+    conv = (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10)
+    kernels = {
+        "bwd": schedule.plan(backward_call(problem, (BATCHED,) * 4), "float", "int"),
+        "conv_bwd": schedule.plan(backward_call(problem, *conv), "float", "int"),
+        "conv_fwd": schedule.plan(forward_call(problem, *conv), "float", "int"),
+        "det_conv_bwd": schedule.plan(backward_call(problem, *conv, deterministic=True), "float", "int"),
+        "mace_bwd": schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int"),
+    }
+    roomy = {name: [k.roomy for k in launched] for name, launched in kernels.items()}
+    assert roomy == {"bwd": [True], "conv_bwd": [True], "conv_fwd": [False], "det_conv_bwd": [False],
+                     "mace_bwd": [False]}
+    assert kernels["det_conv_bwd"][0].lockstep
+    assert "__launch_bounds__(128, 1)" in codegen.generate(kernels["bwd"][0])
+    assert "__launch_bounds__(128) " in codegen.generate(kernels["conv_fwd"][0])

@@ -571,7 +571,8 @@ def test_free_running_walks_of_long_code_keep_their_registers():
     """sevennet-l3-c32's fused backward (1,833 CG terms) walks free as a product and as the atomic
     convolution: one block per SM is ptxas' target. Its forward by destination (611 terms), the
     deterministic backward (lockstep) and a short pass keep ptxas' own target."""
-    problem = jax_cgtp.channelwise_tensor_product("32x0e+32x1o+32x2e+32x3o", "0e+1o+2e+3o").problem
+    problem = jax_cgtp.channelwise_tensor_product("32x0e+32x1o+32x2e+32x3o", "0e+1o+2e+3o",
+                                                  filter_ir_out=[f"{l}{p}" for l in range(4) for p in "eo"]).problem
     conv = (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10)
     kernels = {
         "bwd": schedule.plan(backward_call(problem, (BATCHED,) * 4), "float", "int"),

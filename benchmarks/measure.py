@@ -109,8 +109,13 @@ def _precompile_cgtp(lib, group_phases, impl, lib_inputs) -> None:
     precompile(lambda inputs: [fn(*(inputs[n] for n in names)) for fn, names in functions], lib_inputs)
 
 
-def measure_group(tp, config, dtype, group_phases, libraries, availability, options, protocol, edges):
-    """Rows of ``group_phases`` (all plain or all convolution) for every library in ``libraries``."""
+def measure_group(tp, config, dtype, group_phases, libraries, availability, options, protocol, edges,
+                  keep=None):
+    """Rows of ``group_phases`` (all plain or all convolution) for every library in ``libraries``.
+
+    ``keep(rows)``, where given, receives the rows measured so far after each library, so a run
+    stopped in a slow library's phase still has every earlier library's numbers.
+    """
     conv = phases.is_conv(group_phases[0])
     inputs = make_inputs(tp.problem, dtype, edges, conv, graph=options["graph"])
     nodes = inputs.nodes or 0
@@ -148,6 +153,13 @@ def measure_group(tp, config, dtype, group_phases, libraries, availability, opti
                  + (f" rel_err {result['rel_err']:.1e}" if result.get("rel_err") is not None else "")
                  + (f" ({result['error']})" if result.get("error") else ""))
         del impl, lib_inputs
+        if keep is not None:
+            keep(_with_reference(rows, reference))
+    return _with_reference(rows, reference)
+
+
+def _with_reference(rows: dict, reference: dict) -> list[dict]:
+    """The rows, each naming the library its results were checked against."""
     for phase, row in rows.items():
         row["reference"] = reference[phase][0] if phase in reference else None
     return list(rows.values())

@@ -94,6 +94,18 @@ def default_out(device: str, smoke: bool) -> pathlib.Path:
     return pathlib.Path(__file__).resolve().parent / "results" / environment.sanitize(device)
 
 
+def _keeper(result: dict, meta: dict, out, tag: str):
+    """A callback that puts one group's rows, as measured so far, into ``result`` and writes it."""
+    first = len(result["rows"])
+
+    def keep(rows):
+        result["rows"][first:] = [dict(metrics.derive(row, meta["ceilings"]), run=0) for row in rows]
+        meta["peak_bytes_in_use"] = environment.peak_memory()
+        report.write(result, out, tag, with_plots=False)  # keep what is measured
+
+    return keep
+
+
 def main(argv=None) -> dict:
     """Run the benchmark; returns the report (also written to disk)."""
     args = parse_args(argv)
@@ -134,11 +146,9 @@ def main(argv=None) -> dict:
                     meta["skipped"].append(f"{config} {dtype} {','.join(group)}")
                     print(f"time budget spent: skipping {meta['skipped'][-1]}", flush=True)
                 elif group:
-                    rows = measure.measure_group(tp, config, dtype, group, args.libs, availability,
-                                                 options, protocol, edges[dtype])
-                    result["rows"] += [dict(metrics.derive(row, meta["ceilings"]), run=0) for row in rows]
-                    meta["peak_bytes_in_use"] = environment.peak_memory()
-                    report.write(result, out, args.tag, with_plots=False)  # keep what is measured
+                    keep = _keeper(result, meta, out, args.tag)
+                    keep(measure.measure_group(tp, config, dtype, group, args.libs, availability,
+                                               options, protocol, edges[dtype], keep=keep))
 
     paths = report.write(result, out, args.tag, with_plots=not args.no_plots)
     print()

@@ -353,3 +353,24 @@ def test_targets_class_each_miss_by_the_floor_it_asks_for(smoke, capsys):
     targets.main([str(out / report.file_names("smoke")["json"])])
     assert "issue 5: every conv phase >= 10x e3nn-jax" in capsys.readouterr().out
     _assert_rejected(targets.main, out.parent / "a-list.json", "[]", "is not a", capsys)
+
+
+def test_a_run_stopped_in_a_later_library_keeps_the_earlier_ones_on_disk(tmp_path, monkeypatch):
+    from benchmarks import measure
+
+    measure_phase = measure._measure_phase
+
+    def stopped_in_e3nn(lib, *args):
+        if lib == "e3nn":
+            raise SystemExit("the device tool's time limit")
+        return measure_phase(lib, *args)
+
+    monkeypatch.setattr(measure, "_measure_phase", stopped_in_e3nn)
+    with pytest.raises(SystemExit):
+        run.main(["--smoke", "--configs", "tiny-uvu", "--dtype", "float64", "--phases", "fwd,bwd",
+                  "--libs", "jax_cgtp,e3nn", "--out", str(tmp_path), "--tag", "stopped"])
+    saved = json.loads((tmp_path / report.file_names("stopped")["json"]).read_text())
+    assert [row["phase"] for row in saved["rows"]] == ["fwd", "bwd"]
+    for row in saved["rows"]:
+        assert row["results"]["jax_cgtp"]["status"] == "ok" and row["memory_floor_ms"] > 0
+        assert "e3nn" not in row["results"]

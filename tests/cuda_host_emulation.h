@@ -20,7 +20,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __shared__
 #define __align__(n) __attribute__((aligned(n)))
 

@@ -161,7 +161,13 @@ ROOMY_WALK_TERMS = 1100
 # atomic conv_bwd 1.03-1.34x the time on seven uvu configs and the deterministic one 1.04-1.69x at
 # depth 2 (depth 1: 1.03-1.34x and 1.01-1.39x), H100. Their registers hold accumulators more than
 # the next edge (mace-l2-c128's float32 atomic backward: 128 either way), and the slots cost warps.
+# The deterministic forward (each warp walks the run of a node it owns) looks OWNED_AHEAD_DEPTH
+# edges ahead. Measured again at 268d3e4 (H100, same process, 5 rounds; time with depth 3 over
+# depth 2): 0.955-1.015x on six uvu configs in float32 and 0.964-0.996x in float64, geometric
+# means 0.988x and 0.985x, mace-l2-c128 0.955x and 0.977x; the atomic forward 1.009-1.015x in
+# float32 and 0.969-1.003x in float64 (benchmarks/results/nvidia-h100-80gb-hbm3/owned-depth/).
 AHEAD_DEPTH = 2
+OWNED_AHEAD_DEPTH = 3
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
 
@@ -878,7 +884,8 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
         own_runs = segment_role and not any(o.kind == SHARED for o in outputs)  # a warp per run, no partials
         lockstep = _lockstep_warps(joint) if own_runs else 0
         forward_walk = joint is not None and joint.by_destination and dict(joint.outputs).keys() == {"z"}
-        ahead = AHEAD_DEPTH if forward_walk and not lockstep and not _registers_ahead(joint, itemsize) else 0
+        depth = OWNED_AHEAD_DEPTH if own_runs else AHEAD_DEPTH
+        ahead = depth if forward_walk and not lockstep and not _registers_ahead(joint, itemsize) else 0
         if joint is not None:
             stage_y = joint.walk and bool(joint.reads("y")) and call.kind("y") == BATCHED
             stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y, ahead)

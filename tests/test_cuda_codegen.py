@@ -254,16 +254,19 @@ def test_long_code_walks_the_tile_in_path_groups(dtype):
 @pytest.mark.parametrize("dtype", ["float", "double"])
 def test_only_the_convolution_forward_looks_ahead_through_a_ring(dtype):
     """The forward by destination stages its x rows in the look-ahead ring (no ``stage_x``) of
-    ``AHEAD_DEPTH + 1`` slots, each the widest block's 32 x rows and weights, but in float32 not
-    when it walks in groups of paths (long code); the product's walk and the convolution's
-    backward keep the next edge in registers."""
+    ``AHEAD_DEPTH + 1`` slots (``OWNED_AHEAD_DEPTH + 1`` when deterministic), each the widest
+    block's 32 x rows and weights, but in float32 not when it walks in groups of paths (long
+    code); the product's walk and the convolution's backward keep the next edge in registers."""
     problem = mace_problem()
     conv = (INDEXED, BATCHED, BATCHED, INDEXED)
-    (forward,) = schedule.plan(forward_call(problem, conv, rows=(10, None, None, 10)), dtype, "int")
-    buffers = dict(forward.stage_sizes)
-    assert forward.ahead == schedule.AHEAD_DEPTH > 0 and "x" not in buffers
-    assert buffers["ahead"] == (schedule.AHEAD_DEPTH + 1) * max(
-        schedule.ahead_slot(forward.joint, dim, paths) for _, _, dim, paths in forward.joint.blocks)
+    for deterministic, depth in ((False, schedule.AHEAD_DEPTH), (True, schedule.OWNED_AHEAD_DEPTH)):
+        (forward,) = schedule.plan(forward_call(problem, conv, rows=(10, None, None, 10), deterministic=deterministic),
+                                   dtype, "int")
+        buffers = dict(forward.stage_sizes)
+        assert forward.ahead == depth > 0 and "x" not in buffers
+        assert buffers["ahead"] == (depth + 1) * max(
+            schedule.ahead_slot(forward.joint, dim, paths) for _, _, dim, paths in forward.joint.blocks)
+    assert schedule.OWNED_AHEAD_DEPTH != schedule.AHEAD_DEPTH
     (backward,) = schedule.plan(backward_call(problem, conv, rows=(10, None, None, 10)), dtype, "int")
     (walk,) = schedule.plan(forward_call(long_code_pair(kernels="auto")[0].problem, (BATCHED,) * 4), dtype, "int")
     assert backward.ahead == walk.ahead == 0 and walk.joint.walk

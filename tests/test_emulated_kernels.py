@@ -305,9 +305,10 @@ def test_high_l_convolution_backward_in_blocks_of_fewer_warps_matches_reference(
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_convolution_forward_looks_ahead_through_a_ring(depth, deterministic, planned_with):
     """The forward by destination copies each edge's x chunk and weights ``depth`` edges ahead into
-    a ring of ``depth + 1`` slots (``schedule.AHEAD_DEPTH``), and its JVP (x, y and w tangents:
-    two x and two w inputs) shares the slots between its inputs."""
-    planned_with(AHEAD_DEPTH=depth)
+    a ring of ``depth + 1`` slots (``schedule.AHEAD_DEPTH``, ``OWNED_AHEAD_DEPTH`` when
+    deterministic), and its JVP (x, y and w tangents: two x and two w inputs) shares the slots
+    between its inputs."""
+    planned_with(AHEAD_DEPTH=depth, OWNED_AHEAD_DEPTH=depth)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto",
                                                   deterministic=deterministic)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(depth), kernels, 9, 70, jnp.float64, bad_fraction=0.1)

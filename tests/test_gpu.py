@@ -308,9 +308,9 @@ def test_deterministic_walks_in_lockstep_match_reference(dtype, planned_with):
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_convolution_forward_look_ahead_depths_match_reference(dtype, depth, planned_with):
-    """The forward by destination with its x chunks and weights copied 1 or 3 edges ahead
-    (``schedule.AHEAD_DEPTH`` and ``OWNED_AHEAD_DEPTH``; the library's are 2 and 3), atomic and
-    deterministic."""
+    """The forward by destination with its x chunks and weights copied 1, 2 or 3 edges ahead
+    (``schedule.AHEAD_DEPTH`` and ``OWNED_AHEAD_DEPTH``, both set; the library's are 2 and 3),
+    atomic and deterministic."""
     planned_with(AHEAD_DEPTH=depth, OWNED_AHEAD_DEPTH=depth)
     for deterministic in (False, True):
         cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)

@@ -53,8 +53,15 @@ MAX_GROUPS = 32
 # registers across edges. In float64 that took 240 registers (8 warps per SM) on mace-l2-c128;
 # groups of paths with at most 24 z components together took 0.81-0.98x the time on four configs
 # (H100). In float32 grouping was slower on three of the four (up to 1.51x), and so was the
-# deterministic forward (owned runs) on most: they keep whole blocks.
+# deterministic forward (owned runs) on most: they keep whole blocks. Since the look-ahead ring
+# took the next edge out of the registers, whole blocks are faster again on passes of a few
+# hundred CG terms: the float64 atomic forward took 0.92x the time on mace-l2-c128 (351 terms),
+# 0.955x on mace-large (215), 1.00x on sevennet-l3-c32 (611), against 1.01x on
+# nequip-revmd17-benzene (1,222) and 1.64x on l5-c32 (5,265) (H100, same process;
+# benchmarks/results/nvidia-h100-80gb-hbm3/scatter-groups/). So only passes of more than
+# SCATTER_Z_MIN_TERMS CG terms walk in groups.
 SCATTER_Z_COMPONENTS = {8: 24}  # by item size
+SCATTER_Z_MIN_TERMS = 1000
 # Either forward by destination, in either dtype, holds at most this many z components of an x
 # block at once: l <= 5 blocks have up to 174, which spilled (18.8 KB per thread in float64).
 # The other public configs' blocks have at most 51, so their walks keep whole blocks.
@@ -569,7 +576,7 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
 
     A forward by destination walks an x block's paths in groups, each group a block of its own:
     at most :data:`MAX_Z_COMPONENTS` z components, and :data:`SCATTER_Z_COMPONENTS` for the
-    atomic walk in float64. A product's pass of more than :data:`WALK_TERMS` CG terms
+    atomic walk in float64 of more than :data:`SCATTER_Z_MIN_TERMS` CG terms. A product's pass of more than :data:`WALK_TERMS` CG terms
     (:data:`MULTI_TERM_WALK_TERMS` with several terms) walks the tile's edges too, in groups of at
     most :data:`WALK_GROUP_TERMS`; a convolution's pass of more than
     :data:`GROUPED_TERMS_BY_DESTINATION` walks in groups of at most
@@ -605,17 +612,17 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
                                    tuple(cg_nonzeros(problem, ins))))
         if paths:
             blocks.append((problem.irreps_in1[:i1].dim, mul_ir.mul, mul_ir.ir.dim, tuple(paths)))
-    limits = []
-    if set(roles) == {"z"} and by_destination:
-        limit = MAX_Z_COMPONENTS
-        if outputs[0].flush == "atomic":
-            limit = min(limit, SCATTER_Z_COMPONENTS.get(itemsize, limit))
-        limits.append(lambda group: sum(p.z_dim for p in group) <= limit)
 
     def code(group):  # CG terms: the group's nonzeros, once per term of the pass
         return len(terms) * sum(len(p.nonzeros) for p in group)
 
     total = code([p for *_, paths in blocks for p in paths])
+    limits = []
+    if set(roles) == {"z"} and by_destination:
+        limit = MAX_Z_COMPONENTS
+        if outputs[0].flush == "atomic" and total > SCATTER_Z_MIN_TERMS:
+            limit = min(limit, SCATTER_Z_COMPONENTS.get(itemsize, limit))
+        limits.append(lambda group: sum(p.z_dim for p in group) <= limit)
     if by_destination and total > GROUPED_TERMS_BY_DESTINATION:
         wide = (any(o.role == "x" and o.flush == "atomic" for o in outputs)
                 and len(terms) >= WIDE_GROUP_MIN_TERMS[itemsize])

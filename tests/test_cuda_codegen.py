@@ -165,10 +165,11 @@ def test_convolution_forward_streams_its_edge_rows(deterministic):
         assert nvrtc.compile_cubin(source, "sm_90", "the convolution's forward")
 
 
-def test_atomic_convolution_forward_in_float64_holds_at_most_24_z_components():
-    """mace-l2-c128's 2e block has 11 paths (51 z components): in float64 the atomic walk by
-    destination takes them in groups, each a block of its own; float32 and the deterministic
-    walk keep the whole block."""
+def test_atomic_convolution_forward_in_float64_groups_the_z_components_of_long_code(monkeypatch):
+    """mace-l2-c128's 2e block has 11 paths (51 z components) in a pass of 351 CG terms: every
+    walk by destination keeps the whole block. Above ``SCATTER_Z_MIN_TERMS`` terms (here lowered
+    below 351) the float64 atomic walk takes an x block's paths in groups of at most 24 z
+    components, each a block of its own; float32 and the deterministic walk keep the whole block."""
     problem = jax_cgtp.channelwise_tensor_product("128x0e+128x1o+128x2e", "0e+1o+2e+3o",
                                                   filter_ir_out="0e+0o+1o+1e+2e+2o+3o+3e").problem
     kinds, rows = (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10)
@@ -178,7 +179,11 @@ def test_atomic_convolution_forward_in_float64_holds_at_most_24_z_components():
         return [(x_offset, [p.ins_index for p in paths]) for x_offset, _, _, paths in kernel.joint.blocks]
 
     whole = blocks("float")
-    assert [x_offset for x_offset, _ in whole] == [0, 128, 512] and blocks("double", True) == whole
+    assert [x_offset for x_offset, _ in whole] == [0, 128, 512]
+    assert schedule.plan(forward_call(problem, kinds, rows), "double", "int")[0].joint.cg_terms == 351
+    assert blocks("double") == blocks("double", True) == whole
+    monkeypatch.setattr(schedule, "SCATTER_Z_MIN_TERMS", 350)
+    assert blocks("float") == blocks("double", True) == whole
     grouped = schedule.plan(forward_call(problem, kinds, rows), "double", "int")[0].joint.blocks
     assert all(sum(p.z_dim for p in paths) <= schedule.SCATTER_Z_COMPONENTS[8] for *_, paths in grouped)
     assert len(grouped) > len(whole)
@@ -192,12 +197,14 @@ def test_atomic_convolution_forward_in_float64_holds_at_most_24_z_components():
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_forward_by_destination_holds_at_most_64_z_components(dtype, deterministic):
     """The 2e block of ``high_l_pair`` has 19 paths and 125 z components: both walks take them in
-    consecutive groups, in the paths' order."""
+    consecutive groups, in the paths' order (a pass of 669 CG terms, below
+    ``SCATTER_Z_MIN_TERMS``: float64 too)."""
     problem = high_l_pair(kernels="auto")[0].problem
     call = forward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10), deterministic=deterministic)
     (kernel,) = schedule.plan(call, dtype, "int")
-    limit = 24 if dtype == "double" and not deterministic else schedule.MAX_Z_COMPONENTS
-    assert all(sum(p.z_dim for p in paths) <= limit for *_, paths in kernel.joint.blocks)
+    assert kernel.joint.cg_terms <= schedule.SCATTER_Z_MIN_TERMS
+    assert all(sum(p.z_dim for p in paths) <= schedule.MAX_Z_COMPONENTS for *_, paths in kernel.joint.blocks)
+    assert max(sum(p.z_dim for p in paths) for *_, paths in kernel.joint.blocks) > schedule.SCATTER_Z_COMPONENTS[8]
     assert [x_offset for x_offset, *_ in kernel.joint.blocks].count(2) > 1
     order = [p.ins_index for *_, paths in kernel.joint.blocks for p in paths]
     assert order == sorted(order) and len(order) == len(problem.instructions)

@@ -326,8 +326,11 @@ def test_convolution_forward_looks_ahead_through_a_ring(depth, deterministic, pl
 
 
 @pytest.mark.parametrize("sorted_by_dst", [False, True])
-def test_convolution_forward_with_path_groups_matches_reference(sorted_by_dst):
-    """In float64 the atomic forward by destination walks a wide block's paths group by group."""
+def test_convolution_forward_with_path_groups_matches_reference(sorted_by_dst, planned_with):
+    """In float64 the atomic forward by destination walks a wide block's paths group by group: of
+    at most 64 z components, and of at most 24 in passes of long code (``SCATTER_Z_MIN_TERMS``,
+    lowered here to cover them)."""
+    planned_with(SCATTER_Z_MIN_TERMS=0)
     kernels, reference = wide_block_pair(jax_cgtp.TensorProductConv, kernels="auto")
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(44), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
                                      sorted_by_dst=sorted_by_dst)
@@ -335,6 +338,7 @@ def test_convolution_forward_with_path_groups_matches_reference(sorted_by_dst):
     actual = jax.jit(kernels, static_argnums=5)(x, y, w, src, dst, 9)
     (launch,) = kernel_emulator.launched()[before:]
     assert len(launch.joint.blocks) > len({x_offset for x_offset, *_ in launch.joint.blocks})
+    assert max(sum(p.z_dim for p in paths) for *_, paths in launch.joint.blocks) <= schedule.SCATTER_Z_COMPONENTS[8]
     assert_close(actual, jax.jit(reference, static_argnums=5)(x, y, w, src, dst, 9), jnp.float64)
 
 

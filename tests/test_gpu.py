@@ -222,9 +222,14 @@ def test_convolution_with_long_code_matches_reference(dtype, deterministic):
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("sorted_by_dst", [False, True])
-def test_convolution_with_wide_blocks_matches_reference(dtype, sorted_by_dst):
-    """Blocks with more z components than a float64 walk by destination holds at once: its
-    forward walks them path group by path group."""
+@pytest.mark.parametrize("scatter_z_min_terms", [None, 0])
+def test_convolution_with_wide_blocks_matches_reference(dtype, sorted_by_dst, scatter_z_min_terms, planned_with):
+    """Blocks with more z components than a walk by destination holds at once: its forward walks
+    them path group by path group, of at most 64 z components, and in the float64 atomic walk of
+    at most 24 when the pass has more than ``schedule.SCATTER_Z_MIN_TERMS`` CG terms (0: this
+    one's 524 too)."""
+    if scatter_z_min_terms is not None:
+        planned_with(SCATTER_Z_MIN_TERMS=scatter_z_min_terms)
     cuda, reference = wide_block_pair(jax_cgtp.TensorProductConv)
     args = random_graph(jax.random.PRNGKey(45), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     _assert_conv_members_match(cuda, reference, 300, args, dtype)

@@ -576,10 +576,10 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
 
     A forward by destination walks an x block's paths in groups, each group a block of its own:
     at most :data:`MAX_Z_COMPONENTS` z components, and :data:`SCATTER_Z_COMPONENTS` for the
-    atomic walk in float64 of more than :data:`SCATTER_Z_MIN_TERMS` CG terms. A product's pass of more than :data:`WALK_TERMS` CG terms
-    (:data:`MULTI_TERM_WALK_TERMS` with several terms) walks the tile's edges too, in groups of at
-    most :data:`WALK_GROUP_TERMS`; a convolution's pass of more than
-    :data:`GROUPED_TERMS_BY_DESTINATION` walks in groups of at most
+    atomic walk in float64 of more than :data:`SCATTER_Z_MIN_TERMS` CG terms. A product's pass
+    of more than :data:`WALK_TERMS` CG terms (:data:`MULTI_TERM_WALK_TERMS` with several terms)
+    walks the tile's edges too, in groups of at most :data:`WALK_GROUP_TERMS`; a convolution's
+    pass of more than :data:`GROUPED_TERMS_BY_DESTINATION` walks in groups of at most
     :data:`WALK_GROUP_TERMS_BY_DESTINATION` (:data:`WIDE_GROUP_TERMS_BY_DESTINATION` for a backward
     that adds x̄ atomically with at least :data:`WIDE_GROUP_MIN_TERMS` terms).
     """

@@ -760,6 +760,12 @@ def _emit_joint_flush(w: Writer, schedule: KernelSchedule, role: str, offset: in
     w(f"T* const dst_{role} = out{k} + {row} * {out.dim}LL + {offset};")
     if dim == 1:
         w(f"if ({guard}active) {put(out, f'dst_{role} + lc', names[0], add)}")
+    elif out.lane_writes:
+        w("// lane by lane, strided: a row written once per node (schedule.LANE_WRITES)")
+        w.open(f"if ({guard}active)")
+        for q, a in enumerate(names):
+            w(put(out, f"dst_{role} + lc * {dim} + {q}", a, add))
+        w.close()
     else:
         w.open("if (active)")
         for q, a in enumerate(names):

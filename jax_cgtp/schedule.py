@@ -66,6 +66,16 @@ SCATTER_Z_MIN_TERMS = 1000
 # block at once: l <= 5 blocks have up to 174, which spilled (18.8 KB per thread in float64).
 # The other public configs' blocks have at most 51, so their walks keep whole blocks.
 MAX_Z_COMPONENTS = 64
+# A joint pass transposes each output chunk through shared memory, so that the warp writes whole
+# rows of e3nn's mul_ir layout. The deterministic forward by destination writes each node's z row
+# once, after the node's edges, and lane by lane (strided) it took 0.88-1.01x the time on the
+# uvu public configs (mace-l2-c128 0.93-0.95x, sevennet-l3-c32 0.88-0.91x; H100, same process),
+# without the buffer's round trip and the two warp barriers of each path. Where writes are most of
+# the bytes the transposition wins: strided, the product's forward (a z row per edge) took
+# 1.1-2.7x the time and the atomic forward by destination 1.2-1.6x; the deterministic backward's
+# x̄ rows by src changed by -4% to +2% and keep it
+# (benchmarks/results/nvidia-h100-80gb-hbm3/lane-writes/).
+LANE_WRITES = ("own",)  # z flushes written lane by lane
 # The product's joint passes hold the edge's y components in registers when it has at most this
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs
 # (H100). With l <= 5 (36 components) they pushed its backward from 168 to 255 registers, spilled.
@@ -266,6 +276,13 @@ class KernelOutput:
         """Whether the launch adds into the output, which must then start from zero (rows shared
         between warps). Stored and owned outputs are written whole by the kernel."""
         return self.flush in ("atomic", "red")
+
+    @property
+    def lane_writes(self) -> bool:
+        """Whether a joint pass writes each lane's chunk components straight to this output,
+        strided, instead of through the warp's transposition buffer: the z rows owned by the
+        deterministic forward by destination (see :data:`LANE_WRITES`)."""
+        return self.role == "z" and self.flush in LANE_WRITES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -659,10 +676,11 @@ def ahead_slot(joint: JointPass, x_dim: int, paths) -> int:
     return WARP * (stage_width(x_dim) * len(joint.reads("x")) + weighted * len(joint.reads("w")))
 
 
-def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool, ahead: int) -> tuple[dict[str, int], int, int]:
+def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool, ahead: int,
+                   z_lane_writes: bool) -> tuple[dict[str, int], int, int]:
     """Shared-memory elements per warp of a joint pass: the staged x (and, backward, z̄) chunks,
     the tile's y rows (``stage_y``: a by-destination pass reading per-edge y), the transposition
-    buffer of the outputs written by lanes (x̄ or z), the ȳ rows of the tile that a
+    buffer of the outputs written by lanes (x̄, and z unless ``z_lane_writes``), the ȳ rows of the tile that a
     by-destination backward sums chunk by chunk, and a forward walk's look-ahead ring of
     ``ahead + 1`` slots (``ahead`` > 0), which stages its x rows in place of ``stage_x``."""
     outputs = dict(joint.outputs)
@@ -676,7 +694,7 @@ def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool, ahead: int) -> t
             for role, dim in (("x", p.x_dim), ("z", p.z_dim)):
                 if dim > 1 and (role == "x" and not ahead or backward):
                     stage[role] = max(stage.get(role, 0), WARP * stage_width(dim))
-            out_dims = ([x_dim] if backward else []) + ([p.z_dim] if "z" in outputs else [])
+            out_dims = ([x_dim] if backward else []) + ([p.z_dim] if "z" in outputs and not z_lane_writes else [])
             transpose = max([transpose] + [WARP * d for d in out_dims if d > 1])
         if backward and joint.walk:  # the z̄ chunks of all of the group's paths at once
             stage["z"] = max(stage.get("z", 0), sum(WARP * stage_width(p.z_dim) for p in paths))
@@ -895,7 +913,9 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
         ahead = depth if forward_walk and not lockstep and not _registers_ahead(joint, itemsize) else 0
         if joint is not None:
             stage_y = joint.walk and bool(joint.reads("y")) and call.kind("y") == BATCHED
-            stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y, ahead)
+            z_lane_writes = any(o.lane_writes for o in outputs)
+            stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y, ahead,
+                                                         z_lane_writes)
         if stream is not None:
             stage, transpose = stream_buffers(stream, call.problem), 0
         kernel = KernelSchedule(

@@ -349,6 +349,28 @@ def test_deterministic_forward_owns_each_node():
         assert nvrtc.compile_cubin(source, "sm_90", "the deterministic forward")
 
 
+@pytest.mark.parametrize("dtype", ["float", "double"])
+def test_only_the_deterministic_forward_writes_z_lane_by_lane(dtype):
+    """The deterministic forward writes each node's z chunk once, straight from each lane's
+    registers (``lc * dim + q``, strided), with no transposition buffer. The atomic forward and
+    the product's forward transpose through shared memory, and so does the deterministic
+    backward's x̄."""
+    kinds, rows = (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10)
+    (owned,) = schedule.plan(forward_call(mace_problem(), kinds, rows, deterministic=True), dtype, "int")
+    assert owned.outputs[0].lane_writes and owned.transpose_size == 0
+    source = codegen.generate(owned)
+    assert "obuf" not in source
+    assert "cgtp_own(dst_z + lc * 5 + 4, " in source  # the last component of a 2e chunk
+    if nvrtc.available():
+        assert nvrtc.compile_cubin(source, "sm_90", "the deterministic forward")
+    (atomic,) = schedule.plan(forward_call(mace_problem(), kinds, rows), dtype, "int")
+    (product,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), dtype, "int")
+    backward = schedule.plan(backward_call(mace_problem(), kinds, rows, deterministic=True), dtype, "int")
+    for kernel in [atomic, product] + backward:
+        assert not any(o.lane_writes for o in kernel.outputs)
+        assert kernel.transpose_size > 0 and "obuf[q]" in codegen.generate(kernel)
+
+
 def test_deterministic_walks_of_long_code_run_in_lockstep():
     """A walk over sorted runs keeps one free warp per block up to the first LOCKSTEP_WARPS step of
     CG terms; above it, blocks of W warps walk consecutive runs together and meet before each

@@ -95,8 +95,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--phases", type=_list, required=True)
     parser.add_argument("--dtype", type=_list, default=["float32"])
     parser.add_argument("--variant", action="append", required=True, help="NAME:module.ATTR=VALUE;... (repeat)")
-    parser.add_argument("--lib", default="jax_cgtp", choices=["jax_cgtp", "jax_cgtp_det"],
-                        help="jax_cgtp_det: the deterministic convolution")
+    parser.add_argument("--lib", default="jax_cgtp", choices=["jax_cgtp", "jax_cgtp_det", "jax_cgtp_graph"],
+                        help="jax_cgtp_det: the deterministic convolution; jax_cgtp_graph: the atomic one given a sorted graph")
     parser.add_argument("--edges", type=int, default=None, help="default: the benchmark's size for the dtype")
     parser.add_argument("--graph", default="random", choices=GRAPHS, help="the convolution's graph (benchmarks.inputs)")
     parser.add_argument("--rounds", type=int, default=5)

@@ -1,8 +1,8 @@
 """``python -m benchmarks.kernel_stats``: registers, SASS instructions and local memory of every kernel
 a benchmark row launches, read from the cubin NVRTC builds, with no GPU.
 
-For each config, phase, dtype and variant (``jax_cgtp``, ``jax_cgtp_det``) the row's phase is traced
-(:func:`jax_cgtp.cuda_lowering.planned_kernels`), each kernel generated and compiled for ``--arch``
+For each config, phase, dtype and variant (``jax_cgtp`` and ``jax_cgtp_det`` by default, or
+``jax_cgtp_graph``) the row's phase is traced (:func:`jax_cgtp.cuda_lowering.planned_kernels`), each kernel generated and compiled for ``--arch``
 (default sm_90, the H100's), and its cubin read:
 
 * registers and local memory per thread (spills and local arrays): the ``EIATTR_REGCOUNT`` and
@@ -39,7 +39,7 @@ from .run import _list
 INSTRUCTION_BYTES = 16
 _REGCOUNT, _FRAME_SIZE = 0x2F, 0x11  # EIATTR_REGCOUNT, EIATTR_FRAME_SIZE: (symbol, value) pairs
 _SIZED = 0x04  # EIFMT_SVAL: a 16-bit size, then the payload; every other format is 4 bytes in all
-VARIANTS = ("jax_cgtp", "jax_cgtp_det")
+VARIANTS = ("jax_cgtp", "jax_cgtp_det", "jax_cgtp_graph")
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def main(argv=None) -> None:
     parser.add_argument("--configs", type=_list, default=["public"], help="comma-separated configs or a suite (default public)")
     parser.add_argument("--phases", type=_list, default=list(configs.PHASES))
     parser.add_argument("--dtype", type=_list, default=list(configs.DTYPES))
-    parser.add_argument("--libs", type=_list, default=list(VARIANTS))
+    parser.add_argument("--libs", type=_list, default=["jax_cgtp", "jax_cgtp_det"])
     parser.add_argument("--arch", default="sm_90")
     args = parser.parse_args(argv)
     names = [c for name in args.configs for c in configs.SUITES.get(name, (name,))]
@@ -118,7 +118,7 @@ def main(argv=None) -> None:
         sys.exit("benchmarks.kernel_stats: NVRTC is not available on this machine")
     jax.config.update("jax_enable_x64", True)
     rows = [(c, p, d, lib) for c in names for p in args.phases for d in args.dtype
-            for lib in args.libs if lib != "jax_cgtp_det" or phases.is_conv(p)]
+            for lib in args.libs if lib == "jax_cgtp" or phases.is_conv(p)]
     launches = [(row, n, kernel) for row in rows for n, kernel in enumerate(row_kernels(*row))]
 
     def stats(kernel):
@@ -126,9 +126,9 @@ def main(argv=None) -> None:
 
     with ThreadPoolExecutor() as pool:
         results = list(pool.map(lambda launch: stats(launch[2]), launches))
-    print(f"{'config':24s} {'phase':10s} {'dtype':8s} {'lib':13s} {'launch':>6s} {'regs':>5s} {'SASS':>7s} {'local':>6s}")
+    print(f"{'config':24s} {'phase':10s} {'dtype':8s} {'lib':14s} {'launch':>6s} {'regs':>5s} {'SASS':>7s} {'local':>6s}")
     for ((config, phase, dtype, lib), n, _), s in zip(launches, results):
-        print(f"{config:24s} {phase:10s} {dtype:8s} {lib:13s} {n:6d} {s.registers:5d} {s.instructions:7d} {s.local_bytes:6d}")
+        print(f"{config:24s} {phase:10s} {dtype:8s} {lib:14s} {n:6d} {s.registers:5d} {s.instructions:7d} {s.local_bytes:6d}")
 
 
 if __name__ == "__main__":

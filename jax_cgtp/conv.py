@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from . import primitives
-from .call import forward_call
+from .call import Call, forward_call
+from .cuda_lowering import kernel_dtype
 from .graph import SortedGraph, graph_endpoints, sort_graph
 from .operands import BATCHED, INDEXED, SHARED
+from .schedule import owned_forward_is_faster
 from .tensor_product import TensorProduct, check_float_operands, check_trailing_dim
 
 
@@ -60,7 +66,9 @@ class TensorProductConv(TensorProduct):
         int index arrays ``src, dst (E,)`` and the static output node count -> ``(num_nodes, dim_out)``.
 
         Instead of ``src, dst, num_nodes``, pass ``graph=jax_cgtp.sort_graph(src, dst, num_nodes)``,
-        built once per graph: with ``deterministic=True`` it saves sorting the edges on every call.
+        built once per graph: with ``deterministic=True`` it saves sorting the edges on every call;
+        without, the forward walks each destination's run of edges where that kernel is the faster
+        one, and every derivative keeps the atomic kernels.
         """
         problem = self.problem
         src, dst, num_nodes = graph_endpoints(graph, src, dst, num_nodes)
@@ -91,18 +99,46 @@ class TensorProductConv(TensorProduct):
             )
         x_nodes, y_edges, w = (jnp.asarray(a, dtype) for a in (x_nodes, y_edges, w))
         src, dst = jnp.asarray(src), jnp.asarray(dst)
-        schedules = None
+        inputs, indices = [x_nodes, y_edges, w], {"x": src, "z": dst}
+        kinds = (INDEXED, BATCHED, SHARED if w.ndim == 1 else BATCHED, INDEXED)
+        rows = (num_src_nodes, None, None, num_nodes)
+        owned = forward_call(problem, kinds, rows, deterministic=True)
         if self.deterministic:
             graph = graph or sort_graph(src, dst, num_nodes, num_src_nodes)
-            schedules = {"x": graph.by_src, "z": graph.by_dst}
-        call = forward_call(
-            problem,
-            (INDEXED, BATCHED, SHARED if w.ndim == 1 else BATCHED, INDEXED),
-            rows=(num_src_nodes, None, None, num_nodes),
-            deterministic=self.deterministic,
-        )
-        (out,) = primitives.bind(call, [x_nodes, y_edges, w], {"x": src, "z": dst}, schedules, backend=self.backend)
+            (out,) = primitives.bind(owned, inputs, indices, _schedules(graph), backend=self.backend)
+            return out
+        atomic = forward_call(problem, kinds, rows)
+        index_dtype = "long long" if jnp.int64 in (src.dtype, dst.dtype) else "int"
+        if graph is not None and owned_forward_is_faster(owned, kernel_dtype(dtype), index_dtype):
+            return _owned_forward(owned, atomic, self.backend, *inputs, src, dst, *graph.by_src, *graph.by_dst)
+        (out,) = primitives.bind(atomic, inputs, indices, backend=self.backend)
         return out
+
+
+def _schedules(graph: SortedGraph) -> dict:
+    return {"x": graph.by_src, "z": graph.by_dst}
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+def _owned_forward(owned: Call, atomic: Call, backend: str, x, y, w, src, dst, *by_src_and_dst):
+    """The atomic convolution's forward when a sorted graph is given and the walk over ``dst``
+    runs is the faster kernel (:func:`~jax_cgtp.schedule.owned_forward_is_faster`): ``z`` by the
+    deterministic ``owned`` call, each node's row written once; its tangents, and so every
+    derivative, by the ``atomic`` call's family."""
+    schedules = {"x": by_src_and_dst[:2], "z": by_src_and_dst[2:]}
+    (out,) = primitives.bind(owned, [x, y, w], {"x": src, "z": dst}, schedules, backend=backend)
+    return out
+
+
+@functools.partial(_owned_forward.defjvp, symbolic_zeros=True)
+def _owned_forward_jvp(owned, atomic, backend, primals, tangents):
+    x, y, w, src, dst = primals[:5]
+    out = _owned_forward(owned, atomic, backend, *primals)
+    nonzero = [None if type(t) is SymbolicZero else t for t in tangents[:3]]
+    if all(t is None for t in nonzero):
+        return out, jnp.zeros_like(out)
+    (tangent,) = primitives.bind_tangents(atomic, [x, y, w, src, dst], nonzero, backend)
+    return out, tangent
 
 
 def check_graph(src, dst, num_nodes: int, num_src_nodes: int | None = None) -> None:

@@ -108,6 +108,11 @@ def clear_kernel_caches() -> None:
     _kernel_image.cache_clear()
 
 
+def kernel_dtype(dtype) -> str:
+    """The kernels' floating type for arrays of ``dtype`` (half precisions run in float32)."""
+    return _KERNEL_DTYPES.get(np.dtype(dtype), "float")
+
+
 def _common_index_dtype(indices):
     if any(jnp.dtype(i.dtype) == jnp.int64 for i in indices):
         return jnp.int64, "long long"
@@ -207,7 +212,7 @@ def planned_kernels(fun, *args) -> list[schedule.KernelSchedule]:
     jaxpr, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
     kernels = []
     for call, dtype, index_ctype, edges in _calls_in(jaxpr):
-        kernels += _plan(call, _KERNEL_DTYPES.get(dtype, "float"), index_ctype, edges)
+        kernels += _plan(call, kernel_dtype(dtype), index_ctype, edges)
     return kernels
 
 

@@ -72,10 +72,14 @@ def _bind_nonempty(call: Call, inputs, tail, backend, avals):
     return results
 
 
-def _jvp(primals, tangents, *, call, backend):
-    out = cgtp_p.bind(*primals, call=call, backend=backend)
+def bind_tangents(call: Call, primals, tangents, backend="auto"):
+    """The tangents of ``call``'s outputs, as one call (the primal outputs are not computed).
+
+    ``primals`` are the call's flat arguments, ``tangents`` one per input (``None`` where zero).
+    An output with no nonzero tangent comes back as a symbolic zero (``ad.Zero``).
+    """
     n = call.num_inputs
-    nonzero = [i for i in range(n) if type(tangents[i]) is not ad.Zero]
+    nonzero = [i for i in range(n) if tangents[i] is not None]
     position = {i: n + k for k, i in enumerate(nonzero)}
     outputs = []
     for output in call.outputs:
@@ -92,8 +96,14 @@ def _jvp(primals, tangents, *, call, backend):
         call, roles=call.roles + tuple(call.roles[i] for i in nonzero), outputs=tuple(outputs)
     )
     inputs = list(primals[:n]) + [tangents[i] for i in nonzero]
-    avals = [o.aval for o in out]
-    return out, _bind_nonempty(tangent_call, inputs, primals[n:], backend, avals)
+    avals = _abstract_eval(*(jax.typeof(a) for a in primals), call=call, backend=backend)
+    return _bind_nonempty(tangent_call, inputs, primals[n:], backend, avals)
+
+
+def _jvp(primals, tangents, *, call, backend):
+    out = cgtp_p.bind(*primals, call=call, backend=backend)
+    tangents = [None if type(t) is ad.Zero else t for t in tangents[: call.num_inputs]]
+    return out, bind_tangents(call, primals, tangents, backend)
 
 
 ad.primitive_jvps[cgtp_p] = _jvp

@@ -157,6 +157,11 @@ def second_derivatives(product, x, y, w):
     return jax.grad(loss, argnums=(0, 1, 2))(x, y, w)
 
 
+def with_sorted_graph(conv):
+    """``conv`` called with ``graph=sort_graph(src, dst, num_nodes)`` in place of the index arrays."""
+    return lambda x, y, w, src, dst, num_nodes: conv(x, y, w, graph=jax_cgtp.sort_graph(src, dst, num_nodes))
+
+
 def conv_second_derivatives(conv, num_nodes, x, y, w, src, dst):
     """:func:`second_derivatives` of the convolution on the graph ``src, dst``."""
     return second_derivatives(lambda *a: conv(*a, src, dst, num_nodes), x, y, w)

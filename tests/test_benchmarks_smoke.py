@@ -291,11 +291,12 @@ def test_spatial_graph_connects_each_node_to_nearby_lattice_points():
 
 def test_a_run_on_the_spatial_graph_records_it(tmp_path):
     result = run.main(["--smoke", "--configs", "tiny-uvu", "--dtype", "float64", "--edges-float64", "1600", "--graph",
-                       "spatial", "--phases", "conv_fwd", "--libs", "jax_cgtp,e3nn", "--out", str(tmp_path)])
+                       "spatial", "--phases", "conv_fwd", "--libs", "jax_cgtp,e3nn,jax_cgtp_graph", "--out", str(tmp_path)])
     assert result["runs"][0]["graph"] == "spatial"
     (row,) = result["rows"]
     assert (row["edges"], row["nodes"]) == (1600, 100)
-    assert row["results"]["e3nn"]["status"] == "ok" and row["results"]["e3nn"]["rel_err"] < 1e-12
+    for lib in ("e3nn", "jax_cgtp_graph"):
+        assert row["results"][lib]["status"] == "ok" and row["results"][lib]["rel_err"] < 1e-12
     assert "spatial graph" in (tmp_path / report.file_names(None)["text"]).read_text()
 
 

@@ -8,6 +8,7 @@ from jax.test_util import check_grads
 from random_problems import e3nn_tensor_product, random_problem
 
 import jax_cgtp
+from jax_cgtp.cuda_lowering import planned_kernels
 from jax_cgtp.problem import MODES
 
 
@@ -79,6 +80,49 @@ def test_force_training_second_derivative_matches_e3nn():
     theirs = jax.grad(lambda w, x: force_loss(lambda *b: e3nn_conv(spec, *b), w, x), argnums=(0, 1))(w, x)
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def _flushes(fun, *args):
+    return [[(o.role, o.flush) for o in k.outputs] for k in planned_kernels(fun, *args)]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_sorted_graph_gives_the_atomic_variant_its_faster_forward(dtype):
+    """With ``graph=``, the atomic variant computes the forward of a MACE-like product (joint
+    passes, short code) by the walk over destination runs, and every derivative by the atomic
+    family: values and derivatives of every order are those of the call without a graph."""
+    tp = jax_cgtp.channelwise_tensor_product("5x0e+3x1o+33x2e", "0e+1o+2e", filter_ir_out="0e+1o+2e")
+    conv = jax_cgtp.TensorProductConv(tp.irreps_in1, tp.irreps_in2, tp.irreps_out,
+                                      [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions])
+    x, y, w, src, dst = (a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+                         for a in random_graph(jax.random.PRNGKey(13), conv, 6, 20, False))
+    graph = jax_cgtp.sort_graph(src, dst, 6)
+    by_graph = lambda x, y, w: conv(x, y, w, graph=graph)
+    by_index = lambda x, y, w: conv(x, y, w, src, dst, 6)
+    energy = lambda f: lambda x, y, w: jnp.sum(f(x, y, w) ** 2)
+    tolerance = dict(rtol=1e-12, atol=1e-12) if dtype == jnp.float64 else dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(by_graph(x, y, w), by_index(x, y, w), **tolerance)
+    for a, b in zip(jax.grad(energy(by_graph), argnums=(0, 1, 2))(x, y, w),
+                    jax.grad(energy(by_index), argnums=(0, 1, 2))(x, y, w)):
+        np.testing.assert_allclose(a, b, **tolerance)
+    if dtype == jnp.float64:
+        check_grads(by_graph, (x, y, w), order=2, modes=("fwd", "rev"))
+        np.testing.assert_allclose(jax.hessian(energy(by_graph))(x, y, w), jax.hessian(energy(by_index))(x, y, w),
+                                   **tolerance)
+    assert _flushes(by_graph, x, y, w) == [[("z", "own")]]
+    assert _flushes(jax.grad(energy(by_graph), argnums=(0, 1, 2)), x, y, w) == [
+        [("z", "own")], [("x", "atomic"), ("y", "store"), ("w", "store")]]
+    assert _flushes(lambda t: jax.jvp(lambda x: by_graph(x, y, w), (x,), (t,)), x) == [
+        [("z", "own")], [("z", "atomic")]]
+
+
+def test_sorted_graph_keeps_the_atomic_forward_where_it_is_faster():
+    """A product without joint passes (here ``uvw``) keeps the atomic forward with ``graph=``."""
+    _, conv = make_conv(14, mode="uvw", lmax=2)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(14), conv, 6, 20, False)
+    graph = jax_cgtp.sort_graph(src, dst, 6)
+    assert _flushes(lambda x: conv(x, y, w, graph=graph), x) == [[("z", "atomic")]]
+    np.testing.assert_allclose(conv(x, y, w, graph=graph), conv(x, y, w, src, dst, 6), rtol=1e-13, atol=1e-13)
 
 
 def test_vmap_over_graphs_matches_loop():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, members, pair,
                             high_l_pair, random_graph, second_derivatives, spherical_harmonics_pair,
-                            squared_norm_and_gradients, whole_chunks_pair, wide_block_pair)
+                            squared_norm_and_gradients, whole_chunks_pair, wide_block_pair, with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -95,6 +95,23 @@ def test_convolution_matches_reference(deterministic, seed):
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
     assert _launches() > before
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+
+
+@pytest.mark.parametrize("sorted_by_dst", [False, True])
+def test_atomic_convolution_with_a_sorted_graph_owns_only_the_forward(sorted_by_dst):
+    """With ``graph=``, the atomic variant of a joint-pass product computes its forward by the
+    walk over destination runs (z written once per node) and every derivative by atomic kernels."""
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
+    args = random_graph(jax.random.PRNGKey(51), kernels, 9, 60, jnp.float64, bad_fraction=0.1,
+                        sorted_by_dst=sorted_by_dst)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, with_sorted_graph(kernels), 9))(*args)
+    flushes = [[(o.role, o.flush) for o in k.outputs] for k in kernel_emulator.launched()[before:]]
+    owned = [f for f in flushes if ("z", "own") in f]
+    assert owned and all(f == [("z", "own")] for f in owned)
+    assert all(flush != "own" for f in flushes if f not in owned for _, flush in f)
+    assert any(("x", "atomic") in f for f in flushes)
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 

@@ -14,7 +14,7 @@ import pytest
 from jax.test_util import check_grads
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, high_l_pair,
                             long_code_pair, members, pair, random_graph, relative_error, second_derivatives,
-                            spherical_harmonics_pair, squared_norm_and_gradients, wide_block_pair)
+                            spherical_harmonics_pair, squared_norm_and_gradients, wide_block_pair, with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -199,6 +199,16 @@ def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst, d
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(43), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     _assert_conv_members_match(cuda, reference, 300, args, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("sorted_by_dst", [False, True])
+def test_atomic_convolution_with_a_sorted_graph_matches_reference(dtype, sorted_by_dst):
+    """With ``graph=``, the atomic variant's forward walks the destination runs and its
+    derivatives keep the atomic kernels."""
+    cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv)
+    args = random_graph(jax.random.PRNGKey(47), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
+    _assert_conv_members_match(with_sorted_graph(cuda), reference, 300, args, dtype)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])

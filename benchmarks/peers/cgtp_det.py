@@ -20,17 +20,16 @@ def version() -> str:
     return jax_cgtp.__version__
 
 
-def build(tp, dtype, conv: bool, options: dict) -> Impl:
-    if not conv:
-        raise Unsupported("only the convolution has a deterministic variant")
+def build_on_sorted_graph(tp, deterministic: bool) -> Impl:
+    """jax_cgtp's convolution of ``tp``'s problem, called with ``graph=jax_cgtp.sort_graph(...)``."""
     problem = tp.problem
     op = jax_cgtp.TensorProductConv(
         problem.irreps_in1, problem.irreps_in2, problem.irreps_out, problems.instruction_tuples(problem),
         irrep_normalization=problem.irrep_normalization, path_normalization=problem.path_normalization,
-        backend=tp.backend, deterministic=True,
+        backend=tp.backend, deterministic=deterministic,
     )
     if op.problem != problem:
-        raise Unsupported(f"the deterministic convolution's problem differs: {op.problem}")
+        raise Unsupported(f"the convolution's problem differs: {op.problem}")
 
     def prepare_graph(src, dst, nodes):
         return jax_cgtp.sort_graph(src, dst, nodes), None
@@ -38,4 +37,11 @@ def build(tp, dtype, conv: bool, options: dict) -> Impl:
     def apply(x, y, w, graph, _):
         return op(x, y, w, graph=graph)
 
-    return Impl(apply=apply, prepare_graph=prepare_graph, note=f"backend={tp.backend}, deterministic")
+    variant = "deterministic" if deterministic else "atomic, graph sorted once"
+    return Impl(apply=apply, prepare_graph=prepare_graph, note=f"backend={tp.backend}, {variant}")
+
+
+def build(tp, dtype, conv: bool, options: dict) -> Impl:
+    if not conv:
+        raise Unsupported("only the convolution has a deterministic variant")
+    return build_on_sorted_graph(tp, deterministic=True)

@@ -2,12 +2,16 @@
 
 Every library gets these same arrays (converted to its own layout outside the timed region, see
 :mod:`benchmarks.peers`). Values are standard normal, never zeros. The graph has ``nodes =
-edges // 16`` nodes and ``dst`` is sorted, as a neighbour list grouped by receiver is. Two graphs:
+edges // 16`` nodes. Three graphs:
 
-* ``random`` (the default): ``src`` uniform at random, 16 edges per node on average;
+* ``random`` (the default): ``dst`` sorted, as a neighbour list grouped by receiver is, and ``src``
+  uniform at random, 16 edges per node on average;
+* ``by_source``: the same edges grouped by sender instead (``src`` sorted, ``dst`` uniform at
+  random), as in MACE, whose edge list is a neighbour list sorted by its first index (the sender)
+  and whose messages are summed into the second (the receiver);
 * ``spatial``: points on a jittered cubic lattice, numbered in lattice order, each receiving an
-  edge from each of its 16 nearest points. Neighbours have nearby numbers, as the atoms of a
-  crystal built cell by cell, or of a system sorted in space, do.
+  edge from each of its 16 nearest points (``dst`` sorted). Neighbours have nearby numbers, as the
+  atoms of a crystal built cell by cell, or of a system sorted in space, do.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def num_nodes(edges: int) -> int:
 _HOST_DRAW_SIZE = 1 << 22
 
 
-GRAPHS = ("random", "spatial")
+GRAPHS = ("random", "by_source", "spatial")
 
 
 def spatial_graph(nodes: int, edges: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -85,6 +89,8 @@ def make_inputs(problem, dtype, edges: int, conv: bool, seed: int = 0, graph: st
         return Inputs(x, y, w, g)
     if graph == "spatial":
         src, dst = (jax.device_put(a) for a in spatial_graph(nodes, edges, seed))
+    elif graph == "by_source":
+        src, dst = dst, src
     return Inputs(x, y, w, g, src, dst, nodes)
 
 

@@ -16,6 +16,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # the r
 
 from benchmarks import configs, cost, inputs, phases, report, run  # noqa: E402
 from benchmarks.peers import LIBRARIES  # noqa: E402
+import jax_cgtp  # noqa: E402
 from jax_cgtp import nvrtc  # noqa: E402
 
 
@@ -287,6 +288,13 @@ def test_spatial_graph_connects_each_node_to_nearby_lattice_points():
             inputs.spatial_graph(nodes, edges)
     with pytest.raises(ValueError, match="graph 'ring'"):
         inputs.make_inputs(None, "float64", 16, True, graph="ring")
+
+
+def test_the_by_source_graph_groups_the_random_graphs_edges_by_sender():
+    problem = jax_cgtp.channelwise_tensor_product("2x0e", "0e").problem
+    random, by_source = (inputs.make_inputs(problem, "float64", 64, True, graph=g) for g in ("random", "by_source"))
+    assert np.array_equal(by_source.src, random.dst) and np.array_equal(by_source.dst, random.src)
+    assert np.all(np.diff(np.asarray(by_source.src)) >= 0) and np.any(np.diff(np.asarray(by_source.dst)) < 0)
 
 
 def test_a_run_on_the_spatial_graph_records_it(tmp_path):

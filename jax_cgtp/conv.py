@@ -68,7 +68,9 @@ class TensorProductConv(TensorProduct):
         Instead of ``src, dst, num_nodes``, pass ``graph=jax_cgtp.sort_graph(src, dst, num_nodes)``,
         built once per graph: with ``deterministic=True`` it saves sorting the edges on every call;
         without, the forward walks each destination's run of edges where that kernel is the faster
-        one, and every derivative keeps the atomic kernels.
+        one, and every derivative keeps the atomic kernels. Called with ``src, dst``, the atomic
+        forward is fast when edges that share a ``dst`` are consecutive: pass ``graph=`` for edges
+        grouped otherwise (e.g. by sender, as MACE's are).
         """
         problem = self.problem
         src, dst, num_nodes = graph_endpoints(graph, src, dst, num_nodes)

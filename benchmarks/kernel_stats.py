@@ -2,8 +2,8 @@
 a benchmark row launches, read from the cubin NVRTC builds, with no GPU.
 
 For each config, phase, dtype and variant (``jax_cgtp`` and ``jax_cgtp_det`` by default, or
-``jax_cgtp_graph``) the row's phase is traced (:func:`jax_cgtp.cuda_lowering.planned_kernels`), each kernel generated and compiled for ``--arch``
-(default sm_90, the H100's), and its cubin read:
+``jax_cgtp_graph``) the row's phase is traced (:func:`jax_cgtp.cuda_lowering.planned_kernels`), each
+kernel generated and compiled for ``--arch`` (default sm_90, the H100's), and its cubin read:
 
 * registers and local memory per thread (spills and local arrays): the ``EIATTR_REGCOUNT`` and
   ``EIATTR_FRAME_SIZE`` attributes of the cubin's ``.nv.info`` section for the kernel's symbol

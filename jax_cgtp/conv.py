@@ -11,7 +11,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from . import primitives
 from .call import Call, forward_call
-from .cuda_lowering import kernel_dtype
+from .cuda_lowering import common_index_dtype, kernel_dtype
 from .graph import SortedGraph, graph_endpoints, sort_graph
 from .operands import BATCHED, INDEXED, SHARED
 from .schedule import owned_forward_is_faster
@@ -107,18 +107,15 @@ class TensorProductConv(TensorProduct):
         owned = forward_call(problem, kinds, rows, deterministic=True)
         if self.deterministic:
             graph = graph or sort_graph(src, dst, num_nodes, num_src_nodes)
-            (out,) = primitives.bind(owned, inputs, indices, _schedules(graph), backend=self.backend)
+            (out,) = primitives.bind(owned, inputs, indices, {"x": graph.by_src, "z": graph.by_dst},
+                                     backend=self.backend)
             return out
         atomic = forward_call(problem, kinds, rows)
-        index_dtype = "long long" if jnp.int64 in (src.dtype, dst.dtype) else "int"
-        if graph is not None and owned_forward_is_faster(owned, kernel_dtype(dtype), index_dtype):
+        _, index_ctype = common_index_dtype([src, dst])
+        if graph is not None and owned_forward_is_faster(owned, kernel_dtype(dtype), index_ctype):
             return _owned_forward(owned, atomic, self.backend, *inputs, src, dst, *graph.by_src, *graph.by_dst)
         (out,) = primitives.bind(atomic, inputs, indices, backend=self.backend)
         return out
-
-
-def _schedules(graph: SortedGraph) -> dict:
-    return {"x": graph.by_src, "z": graph.by_dst}
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))

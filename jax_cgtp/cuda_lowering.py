@@ -113,7 +113,8 @@ def kernel_dtype(dtype) -> str:
     return _KERNEL_DTYPES.get(np.dtype(dtype), "float")
 
 
-def _common_index_dtype(indices):
+def common_index_dtype(indices):
+    """``(jnp dtype, C type)`` the kernels index with: 64-bit if any of ``indices`` is."""
     if any(jnp.dtype(i.dtype) == jnp.int64 for i in indices):
         return jnp.int64, "long long"
     return jnp.int32, "int"
@@ -126,7 +127,7 @@ def launch(call: Call, *args):
     if dtype not in _KERNEL_DTYPES:  # half precisions run in float32
         results = launch(call, *[a.astype(jnp.float32) for a in args[:n]], *args[n:])
         return [r.astype(dtype) for r in results]
-    index_dtype, index_ctype = _common_index_dtype(args[n:])
+    index_dtype, index_ctype = common_index_dtype(args[n:])
     args = list(args[:n]) + [jnp.asarray(a, index_dtype) for a in args[n:]]
     edges = num_edges(call, [a.shape for a in args])
     scalars = np.array([edges] + [call.row_count(r) for r in call.indexed_roles], np.int64)
@@ -191,7 +192,7 @@ def _calls_in(jaxpr):
             call = eqn.params["call"]
             indices = [v.aval for v in eqn.invars[call.num_inputs :]]
             edges = num_edges(call, [v.aval.shape for v in eqn.invars])
-            yield call, dtype, _common_index_dtype(indices)[1], edges
+            yield call, dtype, common_index_dtype(indices)[1], edges
         for param in eqn.params.values():
             for sub in param if isinstance(param, (tuple, list)) else (param,):
                 inner = getattr(sub, "jaxpr", None)

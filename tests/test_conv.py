@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
+from family_members import spherical_harmonics_pair
 from random_problems import e3nn_tensor_product, random_problem
 
 import jax_cgtp
@@ -91,9 +92,7 @@ def test_sorted_graph_gives_the_atomic_variant_its_faster_forward(dtype):
     """With ``graph=``, the atomic variant computes the forward of a MACE-like product (joint
     passes, short code) by the walk over destination runs, and every derivative by the atomic
     family: values and derivatives of every order are those of the call without a graph."""
-    tp = jax_cgtp.channelwise_tensor_product("5x0e+3x1o+33x2e", "0e+1o+2e", filter_ir_out="0e+1o+2e")
-    conv = jax_cgtp.TensorProductConv(tp.irreps_in1, tp.irreps_in2, tp.irreps_out,
-                                      [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions])
+    conv, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
     x, y, w, src, dst = (a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
                          for a in random_graph(jax.random.PRNGKey(13), conv, 6, 20, False))
     graph = jax_cgtp.sort_graph(src, dst, 6)

@@ -15,7 +15,10 @@ Array arguments of a call, in order: the inputs (``roles[n]`` says which role in
 plays), then one int index array per INDEXED role (canonical order ``x, y, w, z``), then, if the
 call is ``deterministic``, a ``(perm, offsets)`` pair per INDEXED role: edges sorted by that role's index (a
 stable argsort) and CSR offsets into it, which make scatter-sums into that role deterministic.
-A ``deterministic`` call carries such a pair for every INDEXED role.
+A ``deterministic`` call carries such a pair for every INDEXED role. An atomic call may carry one, that of
+its ``walk`` role: its tiles then visit the edges in that role's sorted order, so that edges sharing a node
+are consecutive (runs of one destination, whose z or z̄ chunk is added or staged once) whatever the
+input's order.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class Call:
     roles: tuple[str, ...]
     outputs: tuple[Output, ...]
     deterministic: bool = False
+    walk: str | None = None  # an atomic call's tiles follow this INDEXED role's sorted order
 
     def kind(self, role: str) -> str:
         return self.kinds[OPERANDS.index(role)]
@@ -60,6 +64,13 @@ class Call:
     @property
     def indexed_roles(self) -> tuple[str, ...]:
         return tuple(r for r in OPERANDS if self.kind(r) == INDEXED)
+
+    @property
+    def sorted_roles(self) -> tuple[str, ...]:
+        """The INDEXED roles whose ``(perm, offsets)`` the call carries, in canonical order."""
+        if self.deterministic:
+            return self.indexed_roles
+        return (self.walk,) if self.walk else ()
 
     @property
     def num_inputs(self) -> int:
@@ -79,10 +90,12 @@ class Call:
         indexed = self.indexed_roles
         indices = dict(zip(indexed, args[n : n + len(indexed)]))
         rest = args[n + len(indexed) :]
-        schedules = {r: (rest[2 * k], rest[2 * k + 1]) for k, r in enumerate(indexed)} if self.deterministic else {}
+        schedules = {r: (rest[2 * k], rest[2 * k + 1]) for k, r in enumerate(self.sorted_roles)}
         return inputs, indices, schedules
 
     def validate(self) -> None:
+        if self.walk is not None and (self.deterministic or self.kind(self.walk) != INDEXED):
+            raise ValueError(f"cgtp: walk {self.walk!r} needs an atomic call and an INDEXED role")
         for output in self.outputs:
             roles = self.term_roles(output.role)
             for term in output.terms:
@@ -127,10 +140,10 @@ def output_shape(call: Call, role: str, edges: int) -> tuple[int, ...]:
     return (edges, dim)
 
 
-def forward_call(problem: Problem, kinds, rows=(None,) * 4, deterministic=False) -> Call:
+def forward_call(problem: Problem, kinds, rows=(None,) * 4, deterministic=False, walk=None) -> Call:
     """The tensor product itself: one output ``z`` from inputs ``x, y, w``."""
     return Call(problem, tuple(kinds), tuple(rows), ("x", "y", "w"),
-                (Output("z", (Term((0, 1, 2)),)),), deterministic)
+                (Output("z", (Term((0, 1, 2)),)),), deterministic, walk)
 
 
 def prune_inputs(call: Call, args: list):

@@ -8,7 +8,7 @@ place of the slots where the schedule plans one. Comments name the slots, paths 
 Device helpers (staging, flushes, warp sums) come from ``cuda/cgtp_device.cuh``.
 
 Kernel parameters, in order: the call's inputs (``in0 ...``), one index array per INDEXED role
-(``idx_x ...``), for deterministic calls a ``(perm_r, off_r)`` pair per INDEXED role, the
+(``idx_x ...``), a ``(perm_r, off_r)`` pair per sorted role (:attr:`Call.sorted_roles`), the
 kernel's outputs (``out0 ...``), then ``long long`` scalars: the edge count and the row count of
 each INDEXED role.
 """
@@ -89,9 +89,8 @@ def generate(schedule: KernelSchedule) -> str:
     w(device_header())
     params = [f"const T* __restrict__ in{n}" for n in range(call.num_inputs)]
     params += [f"const I* __restrict__ idx_{r}" for r in call.indexed_roles]
-    if call.deterministic:
-        for r in call.indexed_roles:
-            params += [f"const I* __restrict__ perm_{r}", f"const I* __restrict__ off_{r}"]
+    for r in call.sorted_roles:
+        params += [f"const I* __restrict__ perm_{r}", f"const I* __restrict__ off_{r}"]
     params += [f"T* __restrict__ out{k}" for k in range(len(schedule.outputs))]
     params += [f"const long long {name}" for name in scalar_names(schedule)]
     bounds = f"{schedule.block}, 1" if schedule.roomy else f"{schedule.block}"  # schedule.ROOMY_WALK_TERMS
@@ -176,7 +175,11 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w.open(f"for (long long tile = {first}; tile < num_tiles; tile += {step})")
         w("const long long first = tile * span;")
         w("const int count = (int)(num_edges - first < span ? num_edges - first : span);")
-        edge = "first + lane"
+        if call.walk:
+            w(f"// the tile's edges are positions [first, first + count) of the edges sorted by {call.walk}")
+            edge = f"lane < count ? perm_{call.walk}[first + lane] : I(0)"
+        else:
+            edge = "first + lane"
     _emit_lane_edges(w, schedule, edge)
     if schedule.joint is not None:
         emit_joint(w, schedule)
@@ -210,8 +213,7 @@ def _emit_lane_edges(w: Writer, schedule: KernelSchedule, edge: str) -> None:
     """The lane's edge of the tile (``my_edge``: ``edge``, below ``count``), whether it is valid
     (``my_ok``), and its index of each INDEXED role (``my_ix_{role}``, in the index type, -1 when
     invalid); ``tile_ok``, the valid edges of the tile as bits (:func:`~jax_cgtp.cuda_text.edge_ok`)."""
-    sorted_edge = schedule.tiling == "segments"
-    w(f"const {'I' if sorted_edge else 'long long'} my_edge = {edge};")
+    w(f"const {'I' if schedule.permuted else 'long long'} my_edge = {edge};")
     w("bool my_ok = lane < count;")
     for r in schedule.call.indexed_roles:
         w(f"const I my_ix_{r} = my_ok ? idx_{r}[my_edge] : I(-1);")

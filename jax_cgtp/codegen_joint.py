@@ -531,7 +531,7 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
     if "y" in outs:
         out = schedule.outputs[outs["y"]]
         w("__syncwarp();")
-        if schedule.tiling == "segments":  # the edges of a node's run: rows of the sorted permutation
+        if schedule.permuted:  # the tile's edges are rows of a sorted permutation
             w.open("for (int t = 0; t < count; ++t)")
             w(f"const long long e = {tile_value(schedule, 'my_edge', 't')};")
             w(f"for (int q = lane; q < {y_dim}; q += 32) out{outs['y']}[e * {out.dim}LL + q] = ysum[t * {y_dim} + q];")

@@ -68,7 +68,8 @@ class TensorProductConv(TensorProduct):
         Instead of ``src, dst, num_nodes``, pass ``graph=jax_cgtp.sort_graph(src, dst, num_nodes)``,
         built once per graph: with ``deterministic=True`` it saves sorting the edges on every call;
         without, the forward walks each destination's run of edges where that kernel is the faster
-        one, and every derivative keeps the atomic kernels. Called with ``src, dst``, the atomic
+        one, and the atomic kernels (every derivative, and the other forwards) visit the edges in
+        ``dst``-sorted order, whatever their order in the arrays. Called with ``src, dst``, the atomic
         forward is fast when edges that share a ``dst`` are consecutive: pass ``graph=`` for edges
         grouped otherwise (e.g. by sender, as MACE's are).
         """
@@ -110,11 +111,14 @@ class TensorProductConv(TensorProduct):
             (out,) = primitives.bind(owned, inputs, indices, {"x": graph.by_src, "z": graph.by_dst},
                                      backend=self.backend)
             return out
-        atomic = forward_call(problem, kinds, rows)
+        if graph is None:
+            (out,) = primitives.bind(forward_call(problem, kinds, rows), inputs, indices, backend=self.backend)
+            return out
+        atomic = forward_call(problem, kinds, rows, walk="z")
         _, index_ctype = common_index_dtype([src, dst])
-        if graph is not None and owned_forward_is_faster(owned, kernel_dtype(dtype), index_ctype):
+        if owned_forward_is_faster(owned, kernel_dtype(dtype), index_ctype):
             return _owned_forward(owned, atomic, self.backend, *inputs, src, dst, *graph.by_src, *graph.by_dst)
-        (out,) = primitives.bind(atomic, inputs, indices, backend=self.backend)
+        (out,) = primitives.bind(atomic, inputs, indices, {"z": graph.by_dst}, backend=self.backend)
         return out
 
 
@@ -123,7 +127,7 @@ def _owned_forward(owned: Call, atomic: Call, backend: str, x, y, w, src, dst, *
     """The atomic convolution's forward when a sorted graph is given and the walk over ``dst``
     runs is the faster kernel (:func:`~jax_cgtp.schedule.owned_forward_is_faster`): ``z`` by the
     deterministic ``owned`` call, each node's row written once; its tangents, and so every
-    derivative, by the ``atomic`` call's family."""
+    derivative, by the ``atomic`` call's family, whose tiles follow ``dst``'s sorted order."""
     schedules = {"x": by_src_and_dst[:2], "z": by_src_and_dst[2:]}
     (out,) = primitives.bind(owned, [x, y, w], {"x": src, "z": dst}, schedules, backend=backend)
     return out
@@ -136,7 +140,7 @@ def _owned_forward_jvp(owned, atomic, backend, primals, tangents):
     nonzero = [None if type(t) is SymbolicZero else t for t in tangents[:3]]
     if all(t is None for t in nonzero):
         return out, jnp.zeros_like(out)
-    (tangent,) = primitives.bind_tangents(atomic, [x, y, w, src, dst], nonzero, backend)
+    (tangent,) = primitives.bind_tangents(atomic, [x, y, w, src, dst, *primals[-2:]], nonzero, backend)
     return out, tangent
 
 

@@ -56,7 +56,7 @@ def tile_value(schedule: KernelSchedule, register: str, t: str) -> str:
     """The ``long long`` value of lane register ``register`` (``my_edge``, ``my_ix_{role}``) for
     the tile's edge ``t``: ``first + t`` for the edge of a tile of consecutive edges, else a
     shuffle from lane ``t`` (one 32-bit shuffle for an ``int`` index or sorted position)."""
-    if register == "my_edge" and schedule.tiling != "segments":
+    if register == "my_edge" and not schedule.permuted:
         return f"(first + {t})"
     return f"(long long)__shfl_sync(CGTP_FULL_MASK, {register}, {t})"
 

@@ -44,9 +44,8 @@ def bind(call: Call, inputs, indices=None, schedules=None, *, backend="auto"):
     call.validate()
     indices = indices or {}
     args = list(inputs) + [indices[r] for r in call.indexed_roles]
-    if call.deterministic:
-        for role in call.indexed_roles:
-            args += list(schedules[role])
+    for role in call.sorted_roles:
+        args += list(schedules[role])
     return cgtp_p.bind(*args, call=call, backend=backend)
 
 
@@ -160,7 +159,7 @@ def _batch(args, dims, *, call, backend):
     slice gets its own). BATCHED arrays become ``(V*E, dim)``; a mapped SHARED role becomes
     INDEXED with V rows and index ``e // E``; a mapped INDEXED role with N rows becomes V*N rows,
     its index shifted by ``v*N``. Unmapped inputs of a mapped role are broadcast. Deterministic
-    calls re-sort the folded indices. Outputs come back mapped at axis 0.
+    calls (and walks in sorted order) re-sort the folded indices. Outputs come back mapped at axis 0.
     """
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     mapped = [d is not None for d in dims]
@@ -205,9 +204,7 @@ def _batch(args, dims, *, call, backend):
     new_call = dataclasses.replace(
         call, kinds=tuple(kinds[r] for r in OPERANDS), rows=tuple(rows[r] for r in OPERANDS)
     )
-    schedules = None
-    if call.deterministic:
-        schedules = {r: sort_edges(new_indices[r], rows[r]) for r in new_call.indexed_roles}
+    schedules = {r: sort_edges(new_indices[r], rows[r]) for r in new_call.sorted_roles}
     results = bind(new_call, new_inputs, new_indices, schedules, backend=backend)
     shaped = []
     for output, result in zip(call.outputs, results):

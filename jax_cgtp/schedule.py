@@ -408,6 +408,11 @@ class KernelSchedule:
         return 8 if self.dtype == "double" else 4
 
     @property
+    def permuted(self) -> bool:
+        """Whether the tile's edges are rows of a sorted permutation (not consecutive rows)."""
+        return self.tiling == "segments" or self.call.walk is not None
+
+    @property
     def smem_per_warp(self) -> int:
         return sum(size for _, size in self.stage_sizes) + self.transpose_size + self.edge_sums_size
 

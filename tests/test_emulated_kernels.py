@@ -101,17 +101,34 @@ def test_convolution_matches_reference(deterministic, seed):
 @pytest.mark.parametrize("sorted_by_dst", [False, True])
 def test_atomic_convolution_with_a_sorted_graph_owns_only_the_forward(sorted_by_dst):
     """With ``graph=``, the atomic variant of a joint-pass product computes its forward by the
-    walk over destination runs (z written once per node) and every derivative by atomic kernels."""
+    walk over destination runs (z written once per node) and every derivative by atomic kernels,
+    whose tiles visit the edges in ``dst``-sorted order."""
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
     args = random_graph(jax.random.PRNGKey(51), kernels, 9, 60, jnp.float64, bad_fraction=0.1,
                         sorted_by_dst=sorted_by_dst)
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, with_sorted_graph(kernels), 9))(*args)
-    flushes = [[(o.role, o.flush) for o in k.outputs] for k in kernel_emulator.launched()[before:]]
+    launched = kernel_emulator.launched()[before:]
+    flushes = [[(o.role, o.flush) for o in k.outputs] for k in launched]
     owned = [f for f in flushes if ("z", "own") in f]
     assert owned and all(f == [("z", "own")] for f in owned)
     assert all(flush != "own" for f in flushes if f not in owned for _, flush in f)
     assert any(("x", "atomic") in f for f in flushes)
+    assert all(k.call.walk == "z" for k in launched if k.tiling == "tiles")
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+
+
+@pytest.mark.parametrize("make_pair", [high_l_pair, fully_connected_pair])
+def test_atomic_convolution_with_a_sorted_graph_walks_tiles_in_destination_order(make_pair):
+    """With ``graph=`` on edges in no order, the atomic kernels of every member (forward, fused
+    backward, second derivative) visit the edges in ``dst``-sorted order: path groups of a wide
+    block, and weight streams of a fully connected product."""
+    kernels, reference = make_pair(jax_cgtp.TensorProductConv, kernels="auto")
+    args = random_graph(jax.random.PRNGKey(52), kernels, 9, 60, jnp.float64, bad_fraction=0.1)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, with_sorted_graph(kernels), 9))(*args)
+    launched = [k for k in kernel_emulator.launched()[before:] if k.tiling == "tiles"]
+    assert launched and all(k.call.walk == "z" and k.permuted for k in launched)
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 

@@ -203,10 +203,11 @@ def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst, d
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("sorted_by_dst", [False, True])
-def test_atomic_convolution_with_a_sorted_graph_matches_reference(dtype, sorted_by_dst):
-    """With ``graph=``, the atomic variant's forward walks the destination runs and its
-    derivatives keep the atomic kernels."""
-    cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv)
+@pytest.mark.parametrize("make_pair", [spherical_harmonics_pair, high_l_pair, fully_connected_pair])
+def test_atomic_convolution_with_a_sorted_graph_matches_reference(dtype, sorted_by_dst, make_pair):
+    """With ``graph=``, the atomic variant's forward walks the destination runs (where that is
+    faster) and its atomic kernels visit the edges in ``dst``-sorted order."""
+    cuda, reference = make_pair(jax_cgtp.TensorProductConv)
     args = random_graph(jax.random.PRNGKey(47), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     _assert_conv_members_match(with_sorted_graph(cuda), reference, 300, args, dtype)
 

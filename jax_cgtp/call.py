@@ -12,13 +12,14 @@ A term flagged ``weighted_only`` runs over the weighted instructions only: it is
 of a term after ``w`` was replaced by a tangent (unweighted paths do not depend on ``w``).
 
 Array arguments of a call, in order: the inputs (``roles[n]`` says which role input ``n``
-plays), then one int index array per INDEXED role (canonical order ``x, y, w, z``), then, if the
-call is ``deterministic``, a ``(perm, offsets)`` pair per INDEXED role: edges sorted by that role's index (a
-stable argsort) and CSR offsets into it, which make scatter-sums into that role deterministic.
-A ``deterministic`` call carries such a pair for every INDEXED role. An atomic call may carry one, that of
-its ``walk`` role: its tiles then visit the edges in that role's sorted order, so that edges sharing a node
-are consecutive (runs of one destination, whose z or z̄ chunk is added or staged once) whatever the
-input's order.
+plays), then one int index array per INDEXED role (canonical order ``x, y, w, z``), then a
+``(perm, offsets)`` pair per role of :attr:`Call.sorted_roles`: the edges grouped by that role's
+index and CSR offsets into them (:func:`~jax_cgtp.graph.sort_edges`). A ``deterministic`` call
+reduces each node of its INDEXED outputs over that node's run, in the order of a stable sort; it
+carries the ordering of every INDEXED role, unless ``orderings`` names fewer (a forward into z by
+``dst`` runs needs ``dst``'s alone). An atomic call may carry one, its ``walk``: its tiles then
+visit the edges grouped by that role, so that edges sharing a node are consecutive (runs of one
+destination, whose z or z̄ chunk is added or staged once) whatever the input's order.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class Call:
     roles: tuple[str, ...]
     outputs: tuple[Output, ...]
     deterministic: bool = False
-    walk: str | None = None  # an atomic call's tiles follow this INDEXED role's sorted order
+    orderings: tuple[str, ...] | None = None  # roles whose orderings it carries (None: all if deterministic, else none)
 
     def kind(self, role: str) -> str:
         return self.kinds[OPERANDS.index(role)]
@@ -68,9 +69,14 @@ class Call:
     @property
     def sorted_roles(self) -> tuple[str, ...]:
         """The INDEXED roles whose ``(perm, offsets)`` the call carries, in canonical order."""
-        if self.deterministic:
-            return self.indexed_roles
-        return (self.walk,) if self.walk else ()
+        if self.orderings is None:
+            return self.indexed_roles if self.deterministic else ()
+        return tuple(r for r in self.indexed_roles if r in self.orderings)
+
+    @property
+    def walk(self) -> str | None:
+        """The role by which an atomic call's tiles visit the edges, if it carries an ordering."""
+        return None if self.deterministic or not self.sorted_roles else self.sorted_roles[0]
 
     @property
     def num_inputs(self) -> int:
@@ -94,9 +100,12 @@ class Call:
         return inputs, indices, schedules
 
     def validate(self) -> None:
-        if self.walk is not None and (self.deterministic or self.kind(self.walk) != INDEXED):
-            raise ValueError(f"cgtp: walk {self.walk!r} needs an atomic call and an INDEXED role")
+        orderings = self.orderings or ()
+        if any(r not in self.indexed_roles for r in orderings) or (not self.deterministic and len(orderings) > 1):
+            raise ValueError(f"cgtp: orderings {orderings!r}: INDEXED roles only, at most one for an atomic call")
         for output in self.outputs:
+            if self.deterministic and self.kind(output.role) == INDEXED and output.role not in self.sorted_roles:
+                raise ValueError(f"cgtp: a deterministic call's output {output.role} needs its role's ordering")
             roles = self.term_roles(output.role)
             for term in output.terms:
                 for role, arg in zip(roles, term.args):
@@ -140,10 +149,10 @@ def output_shape(call: Call, role: str, edges: int) -> tuple[int, ...]:
     return (edges, dim)
 
 
-def forward_call(problem: Problem, kinds, rows=(None,) * 4, deterministic=False, walk=None) -> Call:
+def forward_call(problem: Problem, kinds, rows=(None,) * 4, deterministic=False, orderings=None) -> Call:
     """The tensor product itself: one output ``z`` from inputs ``x, y, w``."""
     return Call(problem, tuple(kinds), tuple(rows), ("x", "y", "w"),
-                (Output("z", (Term((0, 1, 2)),)),), deterministic, walk)
+                (Output("z", (Term((0, 1, 2)),)),), deterministic, orderings)
 
 
 def prune_inputs(call: Call, args: list):

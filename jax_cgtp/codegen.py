@@ -31,14 +31,14 @@ KERNEL_NAME = "cgtp_kernel"
 
 
 @functools.lru_cache(maxsize=None)
-def device_header() -> str:
-    """The text of ``cgtp_device.cuh`` (source tree first, then the installed copy)."""
+def cuda_source(name: str) -> str:
+    """The text of ``cuda/<name>`` (source tree first, then the installed copy)."""
     here = pathlib.Path(__file__).resolve().parent
     for folder in (here.parent / "cuda", here / "cuda"):
-        path = folder / _HEADER
+        path = folder / name
         if path.is_file():
             return path.read_text()
-    raise FileNotFoundError(f"jax_cgtp: {_HEADER} is missing from {here.parent / 'cuda'} and {here / 'cuda'}")
+    raise FileNotFoundError(f"jax_cgtp: {name} is missing from {here.parent / 'cuda'} and {here / 'cuda'}")
 
 
 def scalar_names(schedule: KernelSchedule) -> list[str]:
@@ -86,7 +86,7 @@ def generate(schedule: KernelSchedule) -> str:
     w(f"//   tiling: {schedule.tiling}, tile {schedule.tile} edges, {schedule.warps_per_block} warps per block")
     w(f"typedef {schedule.dtype} T;")
     w(f"typedef {schedule.index_dtype} I;")
-    w(device_header())
+    w(cuda_source(_HEADER))
     params = [f"const T* __restrict__ in{n}" for n in range(call.num_inputs)]
     params += [f"const I* __restrict__ idx_{r}" for r in call.indexed_roles]
     for r in call.sorted_roles:

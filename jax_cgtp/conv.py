@@ -13,6 +13,7 @@ from . import primitives
 from .call import Call, forward_call
 from .cuda_lowering import common_index_dtype, kernel_dtype
 from .graph import SortedGraph, graph_endpoints, sort_graph
+from .grouping import group_edges
 from .operands import BATCHED, INDEXED, SHARED
 from .schedule import owned_forward_is_faster
 from .tensor_product import TensorProduct, check_float_operands, check_trailing_dim
@@ -66,12 +67,12 @@ class TensorProductConv(TensorProduct):
         int index arrays ``src, dst (E,)`` and the static output node count -> ``(num_nodes, dim_out)``.
 
         Instead of ``src, dst, num_nodes``, pass ``graph=jax_cgtp.sort_graph(src, dst, num_nodes)``,
-        built once per graph: with ``deterministic=True`` it saves sorting the edges on every call;
-        without, the forward walks each destination's run of edges where that kernel is the faster
-        one, and the atomic kernels (every derivative, and the other forwards) visit the edges in
-        ``dst``-sorted order, whatever their order in the arrays. Called with ``src, dst``, the atomic
-        forward is fast when edges that share a ``dst`` are consecutive: pass ``graph=`` for edges
-        grouped otherwise (e.g. by sender, as MACE's are).
+        built once per graph: it saves ordering the edges on every call. The edges may come in any
+        order. The atomic (default) variant visits them grouped by ``dst`` (the graph's ordering, or
+        a counting sort on the GPU at each call, :mod:`jax_cgtp.grouping`): its forward walks each
+        destination's run of edges where that kernel is the faster one, and its other kernels
+        (every derivative) add or stage each run's z or z̄ chunks once. The deterministic variant
+        sorts ``src`` and ``dst`` (stable) when no graph is given.
         """
         problem = self.problem
         src, dst, num_nodes = graph_endpoints(graph, src, dst, num_nodes)
@@ -105,31 +106,29 @@ class TensorProductConv(TensorProduct):
         inputs, indices = [x_nodes, y_edges, w], {"x": src, "z": dst}
         kinds = (INDEXED, BATCHED, SHARED if w.ndim == 1 else BATCHED, INDEXED)
         rows = (num_src_nodes, None, None, num_nodes)
-        owned = forward_call(problem, kinds, rows, deterministic=True)
         if self.deterministic:
             graph = graph or sort_graph(src, dst, num_nodes, num_src_nodes)
-            (out,) = primitives.bind(owned, inputs, indices, {"x": graph.by_src, "z": graph.by_dst},
+            call = forward_call(problem, kinds, rows, deterministic=True)
+            (out,) = primitives.bind(call, inputs, indices, {"x": graph.by_src, "z": graph.by_dst},
                                      backend=self.backend)
             return out
-        if graph is None:
-            (out,) = primitives.bind(forward_call(problem, kinds, rows), inputs, indices, backend=self.backend)
-            return out
-        atomic = forward_call(problem, kinds, rows, walk="z")
+        by_dst = graph.by_dst if graph is not None else group_edges(dst, num_nodes, backend=self.backend)
+        atomic = forward_call(problem, kinds, rows, orderings=("z",))
+        owned = forward_call(problem, kinds, rows, deterministic=True, orderings=("z",))
         _, index_ctype = common_index_dtype([src, dst])
         if owned_forward_is_faster(owned, kernel_dtype(dtype), index_ctype):
-            return _owned_forward(owned, atomic, self.backend, *inputs, src, dst, *graph.by_src, *graph.by_dst)
-        (out,) = primitives.bind(atomic, inputs, indices, {"z": graph.by_dst}, backend=self.backend)
+            return _owned_forward(owned, atomic, self.backend, *inputs, src, dst, *by_dst)
+        (out,) = primitives.bind(atomic, inputs, indices, {"z": by_dst}, backend=self.backend)
         return out
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
-def _owned_forward(owned: Call, atomic: Call, backend: str, x, y, w, src, dst, *by_src_and_dst):
-    """The atomic convolution's forward when a sorted graph is given and the walk over ``dst``
-    runs is the faster kernel (:func:`~jax_cgtp.schedule.owned_forward_is_faster`): ``z`` by the
-    deterministic ``owned`` call, each node's row written once; its tangents, and so every
-    derivative, by the ``atomic`` call's family, whose tiles follow ``dst``'s sorted order."""
-    schedules = {"x": by_src_and_dst[:2], "z": by_src_and_dst[2:]}
-    (out,) = primitives.bind(owned, [x, y, w], {"x": src, "z": dst}, schedules, backend=backend)
+def _owned_forward(owned: Call, atomic: Call, backend: str, x, y, w, src, dst, perm, offsets):
+    """The atomic convolution's forward where the walk over ``dst`` runs is the faster kernel
+    (:func:`~jax_cgtp.schedule.owned_forward_is_faster`): ``z`` by the ``owned`` call on ``dst``'s
+    grouping ``(perm, offsets)``, each node's row written once; its tangents, and so every
+    derivative, by the ``atomic`` call's family, whose tiles follow the same grouping."""
+    (out,) = primitives.bind(owned, [x, y, w], {"x": src, "z": dst}, {"z": (perm, offsets)}, backend=backend)
     return out
 
 

@@ -94,11 +94,7 @@ def _plan(call: Call, dtype: str, index_dtype: str, edges: int):
 
 @functools.lru_cache(maxsize=None)
 def _kernel_image(kernel: schedule.KernelSchedule, arch: str) -> tuple[np.ndarray, int]:
-    source = codegen.generate(kernel)
-    cubin = nvrtc.compile_cubin(source, arch, repr(kernel.call.problem))
-    image = np.frombuffer(cubin, np.uint8)
-    image_id = int.from_bytes(hashlib.sha256(cubin).digest()[:8], "little", signed=True)
-    return image, image_id
+    return image_of(nvrtc.compile_cubin(codegen.generate(kernel), arch, repr(kernel.call.problem)))
 
 
 def clear_kernel_caches() -> None:
@@ -155,18 +151,34 @@ def run_kernel(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars
     With ``kernel.fill``, the launcher caps ``grid`` at the blocks the GPU holds at once.
     """
     image, image_id = _kernel_image(kernel, device_arch())
+    return ffi_launch(image, image_id, codegen.KERNEL_NAME, args, shapes, grid=grid, block=kernel.block,
+                      shared_bytes=kernel.shared_bytes, scalars=scalars,
+                      zero_outputs=[out.zeroed for out in kernel.outputs], fill=kernel.fill)
+
+
+def image_of(cubin: bytes) -> tuple[np.ndarray, int]:
+    """A cubin as the launch's ``image`` attribute, and the id the launcher caches it by."""
+    return np.frombuffer(cubin, np.uint8), int.from_bytes(hashlib.sha256(cubin).digest()[:8], "little", signed=True)
+
+
+def ffi_launch(image, image_id: int, name: str, args, shapes, *, grid: int, block: int, shared_bytes: int = 0,
+               scalars=(), zero_outputs=(), fill: bool = False):
+    """Launch kernel ``name`` of cubin ``image`` on ``grid`` blocks of ``block`` threads through the
+    ``jax_cgtp_launch`` FFI target, its parameters the ``args``, then the outputs of ``shapes``,
+    then the ``long long`` ``scalars``; outputs flagged in ``zero_outputs`` start from zero."""
+    _register_target()
     return jax.ffi.ffi_call(TARGET, shapes)(
         *args,
         image=image,
         image_id=np.int64(image_id),
-        kernel=codegen.KERNEL_NAME,
+        kernel=name,
         grid=np.int64(grid),
-        block=np.int64(kernel.block),
-        shared_bytes=np.int64(kernel.shared_bytes),
-        scalars=scalars,
-        zero_outputs=np.array([out.zeroed for out in kernel.outputs], np.int64),
+        block=np.int64(block),
+        shared_bytes=np.int64(shared_bytes),
+        scalars=np.asarray(scalars, np.int64),
+        zero_outputs=np.array(zero_outputs, np.int64),
         poison=np.int64(os.environ.get("JAX_CGTP_POISON_OUTPUTS") == "1"),
-        fill=np.int64(kernel.fill),
+        fill=np.int64(fill),
     )
 
 
@@ -178,7 +190,6 @@ def lowering(reference_rule):
     def rule(ctx, *args, call, backend):
         if backend == "reference" or runs_on_xla(call, backend):
             return reference_rule(ctx, *args, call=call, backend=backend)
-        _register_target()
         return mlir.lower_fun(functools.partial(launch, call), multiple_results=True)(ctx, *args)
 
     return rule

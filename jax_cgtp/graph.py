@@ -23,10 +23,15 @@ def sort_edges(index: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:
     ([1, 3, 0, 2], [0, 1, 2, 4])
     """
     index = jnp.asarray(index)
-    perm = jnp.argsort(index, stable=True).astype(index.dtype)
-    nodes = jnp.arange(rows + 1, dtype=index.dtype)
-    offsets = jnp.searchsorted(index[perm], nodes, side="left").astype(index.dtype)
-    return perm, offsets
+    return jnp.argsort(index, stable=True).astype(index.dtype), edge_offsets(index, rows)
+
+
+def edge_offsets(index: jax.Array, rows: int) -> jax.Array:
+    """``offsets[n]``, for ``n`` in ``[0, rows]``: how many edges have an index below ``n`` (the
+    count of each bucket, below the range, node by node, above it, summed cumulatively)."""
+    bucket = jnp.where(index < 0, 0, jnp.where(index < rows, index + 1, rows + 1))
+    counts = jnp.zeros(rows + 2, index.dtype).at[bucket].add(1)
+    return jnp.cumsum(counts)[: rows + 1].astype(index.dtype)
 
 
 @jax.tree_util.register_dataclass

@@ -2,9 +2,9 @@
 
 Each kernel's source is compiled as host C++ with ``cuda_host_emulation.h`` (a fiber for each CUDA
 thread, barriers for warp synchronisation) and called through ``jax.pure_callback`` in place of
-the FFI launch. :func:`emulated_kernels` makes the CPU lowering of the ``cgtp`` primitive the CUDA
-lowering (``launch``: the same schedules, grids, partial rows and zeroing), so every jitted
-function, derivatives included, runs the kernels a GPU would run. Outputs a kernel overwrites
+the FFI launch. :func:`emulated_kernels` makes the CPU lowerings of the ``cgtp`` and ``cgtp_group``
+primitives the CUDA ones (``launch``: the same schedules, grids, partial rows and zeroing), so every
+jitted function, derivatives included, runs the kernels a GPU would run. Outputs a kernel overwrites
 start as NaN, as with ``JAX_CGTP_POISON_OUTPUTS=1`` on the GPU.
 """
 
@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jax.interpreters import mlir
 
-from jax_cgtp import codegen, cuda_lowering, primitives
+from jax_cgtp import codegen, cuda_lowering, grouping, primitives
 
 HEADER = pathlib.Path(__file__).with_name("cuda_host_emulation.h")
 COMPILER = shutil.which("g++")
@@ -41,6 +41,7 @@ _PARAMETER = re.compile(r"^\s*(const )?(T\*|I\*|long long) (?:__restrict__ )?(\w
 RESIDENT_BLOCKS = 2
 
 _launched: list = []  # the schedules of the emulated launches, in order
+_groupings: list = []  # the edge counts of the emulated launches of cgtp_group, in order
 # One launch at a time: XLA may run independent callbacks concurrently, and the emulated
 # launches share process-wide state (gridDim and blockDim are unique symbols across the loaded
 # kernel libraries; a library's shared-memory buffer serves all of its launches).
@@ -56,9 +57,14 @@ def launched() -> list:
     return list(_launched)
 
 
-def _call_arguments(source: str) -> str:
-    """The kernel's parameters bound to ``buffers[k]`` (pointers) and ``scalars[j]``, in order."""
-    head = source[source.index(f"{codegen.KERNEL_NAME}(") : source.index(") {", source.index(codegen.KERNEL_NAME))]
+def groupings() -> list[int]:
+    """The edge count of every emulated launch of the edge grouping so far, in order."""
+    return list(_groupings)
+
+
+def _call_arguments(source: str, name: str) -> str:
+    """Kernel ``name``'s parameters bound to ``buffers[k]`` (pointers) and ``scalars[j]``, in order."""
+    head = source[source.index(f"{name}(") : source.index(") {", source.index(f"{name}("))]
     arguments, buffer, scalar = [], 0, 0
     for const, kind, _ in _PARAMETER.findall(head + ")"):
         if kind == "long long":
@@ -86,13 +92,13 @@ def _header() -> pathlib.Path:
 
 
 @functools.lru_cache(maxsize=None)
-def _library(source: str) -> ctypes.CDLL:
-    """The kernel compiled for the host, with ``cgtp_emu_run(buffers, scalars, grid, block)`` (0, or
-    1 where the launch could not run)."""
+def _library(source: str, name: str) -> ctypes.CDLL:
+    """Kernel ``name`` compiled for the host, with ``cgtp_emu_run(buffers, scalars, grid, block)`` (0,
+    or 1 where the launch could not run)."""
     wrapper = (
         f"{source}\n"
         'extern "C" int cgtp_emu_run(void** buffers, const long long* scalars, long long grid, int block) {\n'
-        f"  return cgtp_emu_launch(grid, block, [&] {{ {codegen.KERNEL_NAME}({_call_arguments(source)}); }});\n"
+        f"  return cgtp_emu_launch(grid, block, [&] {{ {name}({_call_arguments(source, name)}); }});\n"
         "}\n"
     )
     name = hashlib.sha256(wrapper.encode()).hexdigest()[:20]
@@ -107,13 +113,14 @@ def _library(source: str) -> ctypes.CDLL:
     return lib
 
 
-def launch(source: str, pointers: list[int], scalars: np.ndarray, grid: int, block: int) -> None:
-    """Run the kernel of ``source`` on ``grid`` blocks of ``block`` threads, its pointer parameters
+def launch(source: str, pointers: list[int], scalars: np.ndarray, grid: int, block: int,
+           name: str = codegen.KERNEL_NAME) -> None:
+    """Run kernel ``name`` of ``source`` on ``grid`` blocks of ``block`` threads, its pointer parameters
     bound to ``pointers`` and its ``long long`` ones to ``scalars``, in order. Raises where the
     launch cannot finish: its threads wait at barriers that cannot open."""
     buffers = (ctypes.c_void_p * len(pointers))(*pointers)
     values = np.ascontiguousarray(scalars, np.int64)
-    if grid > 0 and _library(source).cgtp_emu_run(
+    if grid > 0 and _library(source, name).cgtp_emu_run(
             buffers, values.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong)), grid, block):
         raise RuntimeError(f"emulated launch of {grid} x {block} threads: its threads wait at barriers that "
                            "cannot open, or their stacks could not be mapped")
@@ -137,6 +144,23 @@ def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
     return jax.pure_callback(host, shapes, *args)
 
 
+def place_edges(index, offsets, rows: int):
+    """:func:`jax_cgtp.grouping.place_edges`, on the host."""
+    source = grouping.kernel_source("long long" if index.dtype == np.int64 else "int")
+    edges = index.shape[0]
+
+    def host(index, offsets):
+        perm, cursor = np.full(edges, -1, index.dtype), np.zeros(rows + 2, index.dtype)
+        arrays = [np.ascontiguousarray(index), np.ascontiguousarray(offsets), perm, cursor]
+        with _one_launch:
+            _groupings.append(edges)
+            launch(source, [a.ctypes.data for a in arrays], np.array([edges, rows]), -(-edges // grouping.BLOCK),
+                   grouping.BLOCK, grouping.KERNEL)
+        return perm
+
+    return jax.pure_callback(host, jax.ShapeDtypeStruct((edges,), index.dtype), index, offsets)
+
+
 def _lowering(ctx, *args, call, backend):
     if backend == "reference":
         return primitives._reference_rule(ctx, *args, call=call, backend=backend)
@@ -146,13 +170,15 @@ def _lowering(ctx, *args, call, backend):
 @contextlib.contextmanager
 def emulated_kernels():
     """Within the block, ``backend="auto"`` on the CPU runs the generated kernels, emulated."""
-    original = cuda_lowering.run_kernel
-    cuda_lowering.run_kernel = run_kernel
+    originals = cuda_lowering.run_kernel, grouping.place_edges
+    cuda_lowering.run_kernel, grouping.place_edges = run_kernel, place_edges
     mlir.register_lowering(primitives.cgtp_p, _lowering, platform="cpu")
+    mlir.register_lowering(grouping.group_p, functools.partial(grouping.lowering, on_gpu=True), platform="cpu")
     jax.clear_caches()
     try:
         yield
     finally:
-        cuda_lowering.run_kernel = original
+        cuda_lowering.run_kernel, grouping.place_edges = originals
         mlir.register_lowering(primitives.cgtp_p, primitives._reference_rule, platform="cpu")
+        mlir.register_lowering(grouping.group_p, grouping.lowering, platform="cpu")
         jax.clear_caches()

@@ -174,17 +174,17 @@ def test_kernel_stats_reads_registers_and_code_size_from_each_cubin(lower_for_sm
 
 
 def test_profile_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, planned_with):
-    """``--set`` applies scheduler settings before the phase is traced (here: the forward's
-    look-ahead ring off), and refuses a setting that does not exist."""
+    """``--set`` applies scheduler settings before the phase is traced (here: the look-ahead ring of
+    the forward, a walk over destination runs, off), and refuses a setting that does not exist."""
     from benchmarks import profile
     from jax_cgtp import schedule
 
-    planned_with(AHEAD_DEPTH=schedule.AHEAD_DEPTH)  # restored, and the plans forgotten, after the test
+    planned_with(OWNED_AHEAD_DEPTH=schedule.OWNED_AHEAD_DEPTH)  # restored, and the plans forgotten, after the test
     profile.main(["tiny-uvu", "conv_fwd", "float32", "--edges", "64", "--launches"])
-    assert "look-ahead ring of 3 slots" in capsys.readouterr().err
+    assert "look-ahead ring of 4 slots" in capsys.readouterr().err
     profile.main(["tiny-uvu", "conv_fwd", "float32", "--edges", "64", "--launches",
-                  "--set", "jax_cgtp.schedule.AHEAD_DEPTH=0"])
-    assert schedule.AHEAD_DEPTH == 0 and "look-ahead ring" not in capsys.readouterr().err
+                  "--set", "jax_cgtp.schedule.OWNED_AHEAD_DEPTH=0"])
+    assert schedule.OWNED_AHEAD_DEPTH == 0 and "look-ahead ring" not in capsys.readouterr().err
     with pytest.raises(SystemExit):
         profile.main(["tiny-uvu", "conv_fwd", "float32", "--launches", "--set", "jax_cgtp.schedule.AHEAD_DEPT=0"])
     assert "jax_cgtp.schedule has no attribute AHEAD_DEPT" in capsys.readouterr().err

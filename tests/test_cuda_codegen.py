@@ -546,6 +546,31 @@ def test_lowered_backward_is_one_self_contained_custom_call(lower_for_sm90):
     assert "image = dense<" in calls[1]  # the cubin travels inside the HLO
 
 
+@needs_nvrtc
+@pytest.mark.parametrize("index_dtype", [jnp.int32, jnp.int64])
+def test_atomic_convolution_groups_its_edges_once_per_call(lower_for_sm90, index_dtype):
+    """Without ``graph=``, the lowered atomic convolution groups its edges by ``dst`` once (one
+    launch of ``cgtp_group``, compiled by NVRTC), for the forward and the backward together;
+    given a graph, not at all."""
+    irreps_in1, irreps_in2, irreps_out, instructions, normalization = random_problem(40, mode="uvu", lmax=2)
+    conv = jax_cgtp.TensorProductConv(irreps_in1, irreps_in2, irreps_out, instructions, **normalization)
+    x, y, w = jnp.ones((5, conv.irreps_in1.dim)), jnp.ones((9, conv.irreps_in2.dim)), jnp.ones((9, conv.weight_numel))
+    src, dst = jnp.arange(9, dtype=index_dtype) % 5, (jnp.arange(9, dtype=index_dtype) * 2) % 5
+
+    def launches(call):
+        def value_and_grads(x, y, w):
+            return jax.value_and_grad(lambda *a: jnp.sum(call(*a) ** 2), argnums=(0, 1, 2))(x, y, w)
+
+        exported = export.export(jax.jit(value_and_grads), platforms=["cuda"], disabled_checks=[
+            export.DisabledSafetyCheck.custom_call(cuda_lowering.TARGET)])(x, y, w)
+        return re.findall(r'kernel = "(\w+)"', exported.mlir_module())
+
+    grouped = launches(lambda *a: conv(*a, src, dst, 5))
+    assert grouped.count(jax_cgtp.grouping.KERNEL) == 1 and len(grouped) >= 3
+    graph = jax_cgtp.sort_graph(src, dst, 5)
+    assert jax_cgtp.grouping.KERNEL not in launches(lambda *a: conv(*a, graph=graph))
+
+
 def test_cuda_backend_off_the_gpu_is_a_clear_error_at_lowering():
     tp = jax_cgtp.TensorProduct("2x0e", "0e", "2x0e", [(0, 0, 0, "uvu", True)])
     tp.backend = "cuda"  # bypass the constructor's own check, as a jitted function moved to CPU would

@@ -98,16 +98,37 @@ def test_convolution_matches_reference(deterministic, seed):
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
-@pytest.mark.parametrize("sorted_by_dst", [False, True])
-def test_atomic_convolution_with_a_sorted_graph_owns_only_the_forward(sorted_by_dst):
-    """With ``graph=``, the atomic variant of a joint-pass product computes its forward by the
-    walk over destination runs (z written once per node) and every derivative by atomic kernels,
-    whose tiles visit the edges in ``dst``-sorted order."""
+@pytest.mark.parametrize("index_dtype", [jnp.int32, jnp.int64])
+@pytest.mark.parametrize("edges", [0, 1, 300, 1000])
+def test_grouping_kernel_groups_edges_by_index(edges, index_dtype):
+    """``cgtp_group`` places every edge once, each node's edges in its run, with the edges below
+    the range first and those above it last: the runs of the stable sort, in any order."""
+    index = jax.random.randint(jax.random.PRNGKey(edges), (edges,), -2, 14).astype(index_dtype)
+    before = len(kernel_emulator.groupings())
+    perm, offsets = jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, 11))(index)
+    assert kernel_emulator.groupings()[before:] == ([edges] if edges else [])  # no launch for no edges
+    stable_perm, stable_offsets = jax_cgtp.graph.sort_edges(index, 11)
+    assert perm.dtype == offsets.dtype == index_dtype
+    np.testing.assert_array_equal(offsets, stable_offsets)
+    np.testing.assert_array_equal(np.sort(perm), np.arange(edges))
+    bounds = [0, *np.asarray(offsets).tolist(), edges]
+    for begin, end in zip(bounds[:-1], bounds[1:]):
+        np.testing.assert_array_equal(np.sort(perm[begin:end]), np.sort(stable_perm[begin:end]))
+
+
+@pytest.mark.parametrize("given", ["graph", "grouped", "sorted_by_dst"])
+def test_atomic_convolution_owns_only_the_forward(given):
+    """The atomic variant of a joint-pass product computes its forward by the walk over
+    destination runs (z written once per node) and every derivative by atomic kernels, whose
+    tiles visit the edges grouped by ``dst``: by ``graph=``'s ordering, or by the grouping kernel
+    of each call (on edges in no order, or already sorted)."""
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
     args = random_graph(jax.random.PRNGKey(51), kernels, 9, 60, jnp.float64, bad_fraction=0.1,
-                        sorted_by_dst=sorted_by_dst)
-    before = _launches()
-    actual = jax.jit(functools.partial(conv_members, with_sorted_graph(kernels), 9))(*args)
+                        sorted_by_dst=given == "sorted_by_dst")
+    before, grouped = _launches(), len(kernel_emulator.groupings())
+    conv = with_sorted_graph(kernels) if given == "graph" else kernels
+    actual = jax.jit(functools.partial(conv_members, conv, 9))(*args)
+    assert len(kernel_emulator.groupings()) - grouped == (0 if given == "graph" else 1)
     launched = kernel_emulator.launched()[before:]
     flushes = [[(o.role, o.flush) for o in k.outputs] for k in launched]
     owned = [f for f in flushes if ("z", "own") in f]
@@ -319,6 +340,7 @@ def test_high_l_convolution_forward_walks_path_groups(dtype, deterministic):
     before = _launches()
     actual = jax.jit(kernels, static_argnums=5)(x, y, w, src, dst, 9)
     (launch,) = kernel_emulator.launched()[before:]
+    assert launch.call.walk == "z" and launch.outputs[0].flush == "atomic"
     assert len(launch.joint.blocks) > len({x_offset for x_offset, *_ in launch.joint.blocks})
     as64 = [a.astype(jnp.float64) for a in (x, y, w)]
     assert_close(actual, jax.jit(reference, static_argnums=5)(*as64, src, dst, 9), dtype)
@@ -363,14 +385,16 @@ def test_convolution_forward_looks_ahead_through_a_ring(depth, deterministic, pl
 def test_convolution_forward_with_path_groups_matches_reference(sorted_by_dst, planned_with):
     """In float64 the atomic forward by destination walks a wide block's paths group by group: of
     at most 64 z components, and of at most 24 in passes of long code (``SCATTER_Z_MIN_TERMS``,
-    lowered here to cover them)."""
-    planned_with(SCATTER_Z_MIN_TERMS=0)
+    lowered here to cover them). It is the forward taken where the walk over destination runs
+    would run in lockstep (long code; here every walk, ``LOCKSTEP_WARPS``)."""
+    planned_with(SCATTER_Z_MIN_TERMS=0, LOCKSTEP_WARPS=((0, 4),))
     kernels, reference = wide_block_pair(jax_cgtp.TensorProductConv, kernels="auto")
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(44), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
                                      sorted_by_dst=sorted_by_dst)
     before = _launches()
     actual = jax.jit(kernels, static_argnums=5)(x, y, w, src, dst, 9)
     (launch,) = kernel_emulator.launched()[before:]
+    assert launch.call.walk == "z" and launch.outputs[0].flush == "atomic"
     assert len(launch.joint.blocks) > len({x_offset for x_offset, *_ in launch.joint.blocks})
     assert max(sum(p.z_dim for p in paths) for *_, paths in launch.joint.blocks) <= schedule.SCATTER_Z_COMPONENTS[8]
     assert_close(actual, jax.jit(reference, static_argnums=5)(x, y, w, src, dst, 9), jnp.float64)

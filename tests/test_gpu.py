@@ -190,6 +190,25 @@ def test_convolution_matches_reference(deterministic, dtype, seed):
     _assert_conv_members_match(cuda, reference, 50, args, dtype)
 
 
+@pytest.mark.parametrize("index_dtype", [jnp.int32, jnp.int64])
+@pytest.mark.parametrize("edges, rows", [(0, 5), (1, 0), (5000, 300), (1_000_003, 40_000)])
+def test_grouping_kernel_groups_edges_by_index(edges, rows, index_dtype):
+    """The counting sort of an atomic convolution without ``graph=``: the stable sort's offsets,
+    and each run holding the stable sort's edges (in any order), out-of-range edges included."""
+    index = jax.random.randint(jax.random.PRNGKey(edges), (edges,), -3, rows + 4).astype(index_dtype)
+    perm, offsets = jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index)
+    stable_perm, stable_offsets = jax.jit(lambda i: jax_cgtp.graph.sort_edges(i, rows))(index)
+    np.testing.assert_array_equal(offsets, stable_offsets)
+    bounds = np.concatenate([[0], np.asarray(offsets), [edges]])
+    run = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))  # the run of each sorted position
+
+    def sorted_within_runs(p):
+        p = np.asarray(p)
+        return p[np.lexsort((p, run))]
+
+    np.testing.assert_array_equal(sorted_within_runs(perm), sorted_within_runs(stable_perm))
+
+
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("sorted_by_dst", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])

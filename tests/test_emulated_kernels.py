@@ -37,6 +37,14 @@ def _launches():
     return len(kernel_emulator.launched())
 
 
+def _forward_and_its_launch(conv, x, y, w, src, dst):
+    """``conv``'s jitted forward on 9 nodes, and the one kernel it launched."""
+    before = _launches()
+    out = jax.jit(conv, static_argnums=5)(x, y, w, src, dst, 9)
+    (launch,) = kernel_emulator.launched()[before:]
+    return out, launch
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_every_member_matches_reference(seed):
     """Every mode in float64 (seeds 0 and 3 with shared weights), and one float32 problem."""
@@ -337,10 +345,7 @@ def test_high_l_convolution_forward_walks_path_groups(dtype, deterministic):
     kernels, reference = high_l_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(51), kernels, 9, 50, dtype, bad_fraction=0.1,
                                      sorted_by_dst=True)
-    before = _launches()
-    actual = jax.jit(kernels, static_argnums=5)(x, y, w, src, dst, 9)
-    (launch,) = kernel_emulator.launched()[before:]
-    assert launch.call.walk == "z" and launch.outputs[0].flush == "atomic"
+    actual, launch = _forward_and_its_launch(kernels, x, y, w, src, dst)
     assert len(launch.joint.blocks) > len({x_offset for x_offset, *_ in launch.joint.blocks})
     as64 = [a.astype(jnp.float64) for a in (x, y, w)]
     assert_close(actual, jax.jit(reference, static_argnums=5)(*as64, src, dst, 9), dtype)
@@ -391,9 +396,7 @@ def test_convolution_forward_with_path_groups_matches_reference(sorted_by_dst, p
     kernels, reference = wide_block_pair(jax_cgtp.TensorProductConv, kernels="auto")
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(44), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
                                      sorted_by_dst=sorted_by_dst)
-    before = _launches()
-    actual = jax.jit(kernels, static_argnums=5)(x, y, w, src, dst, 9)
-    (launch,) = kernel_emulator.launched()[before:]
+    actual, launch = _forward_and_its_launch(kernels, x, y, w, src, dst)
     assert launch.call.walk == "z" and launch.outputs[0].flush == "atomic"
     assert len(launch.joint.blocks) > len({x_offset for x_offset, *_ in launch.joint.blocks})
     assert max(sum(p.z_dim for p in paths) for *_, paths in launch.joint.blocks) <= schedule.SCATTER_Z_COMPONENTS[8]

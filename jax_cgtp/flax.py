@@ -138,8 +138,8 @@ class TensorProductConv(nn.Module):
     (IrrepsArray ``(E, ...)``, e.g. spherical harmonics), the radial embedding ``(E, B)``,
     int ``src``/``dst`` ``(E,)`` and optionally the static ``num_nodes`` (default ``N``); or,
     instead of ``src, dst, num_nodes``, ``graph=jax_cgtp.sort_graph(src, dst, num_nodes)``,
-    built once per graph, so that a ``deterministic=True`` module does not sort every step and an
-    atomic one may take the faster forward (:meth:`jax_cgtp.TensorProductConv.__call__`).
+    built once per graph, so that a module does not order the edges every step (a deterministic one
+    sorts them, an atomic one groups them by ``dst``: :meth:`jax_cgtp.TensorProductConv.__call__`).
 
     >>> import jax, jax.numpy as jnp, e3nn_jax as e3nn
     >>> conv = TensorProductConv(filter_ir_out="0e+1o", radial_hidden=(8,))

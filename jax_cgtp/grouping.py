@@ -76,15 +76,19 @@ def _image(index_ctype: str, arch: str):
     return cuda_lowering.image_of(nvrtc.compile_cubin(kernel_source(index_ctype), arch, "the edge grouping"))
 
 
+def grid(edges: int) -> int:
+    """Blocks of ``cgtp_group``'s launch: one thread per edge."""
+    return -(-edges // BLOCK)
+
+
 def place_edges(index, offsets, rows: int):
     """``perm``: each edge at the next free place of its bucket (``cgtp_group``)."""
-    ctype = "long long" if index.dtype == jnp.int64 else "int"
+    _, ctype = cuda_lowering.common_index_dtype([index])
     image, image_id = _image(ctype, cuda_lowering.device_arch())
     edges = index.shape[0]
     shapes = [jax.ShapeDtypeStruct((edges,), index.dtype), jax.ShapeDtypeStruct((rows + 2,), index.dtype)]
-    perm, _ = cuda_lowering.ffi_launch(image, image_id, KERNEL, [index, offsets], shapes,
-                                       grid=-(-edges // BLOCK), block=BLOCK, scalars=[edges, rows],
-                                       zero_outputs=[0, 1])
+    perm, _ = cuda_lowering.ffi_launch(image, image_id, KERNEL, [index, offsets], shapes, grid=grid(edges),
+                                       block=BLOCK, scalars=[edges, rows], zero_outputs=[0, 1])
     return perm
 
 

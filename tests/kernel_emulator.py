@@ -101,8 +101,8 @@ def _library(source: str, name: str) -> ctypes.CDLL:
         f"  return cgtp_emu_launch(grid, block, [&] {{ {name}({_call_arguments(source, name)}); }});\n"
         "}\n"
     )
-    name = hashlib.sha256(wrapper.encode()).hexdigest()[:20]
-    cpp, library = _BUILD / f"{name}.cpp", _BUILD / f"{name}.so"
+    stem = hashlib.sha256(wrapper.encode()).hexdigest()[:20]
+    cpp, library = _BUILD / f"{stem}.cpp", _BUILD / f"{stem}.so"
     if not library.exists():
         cpp.write_text(wrapper)
         _compile(["-shared", "-include", str(_header()), str(cpp), "-o", str(library)])
@@ -146,7 +146,7 @@ def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
 
 def place_edges(index, offsets, rows: int):
     """:func:`jax_cgtp.grouping.place_edges`, on the host."""
-    source = grouping.kernel_source("long long" if index.dtype == np.int64 else "int")
+    source = grouping.kernel_source(cuda_lowering.common_index_dtype([index])[1])
     edges = index.shape[0]
 
     def host(index, offsets):
@@ -154,7 +154,7 @@ def place_edges(index, offsets, rows: int):
         arrays = [np.ascontiguousarray(index), np.ascontiguousarray(offsets), perm, cursor]
         with _one_launch:
             _groupings.append(edges)
-            launch(source, [a.ctypes.data for a in arrays], np.array([edges, rows]), -(-edges // grouping.BLOCK),
+            launch(source, [a.ctypes.data for a in arrays], np.array([edges, rows]), grouping.grid(edges),
                    grouping.BLOCK, grouping.KERNEL)
         return perm
 

@@ -4,11 +4,13 @@ when it is given no sorted graph.
 ``group_edges(index, rows)`` returns ``(perm, offsets)`` laid out as
 :func:`jax_cgtp.graph.sort_edges`'s (CSR ``offsets`` over ``rows`` nodes; edges below the range
 first, edges above it last), except that within a node's run the edges come in no fixed order:
-the atomic kernels sum them in no fixed order anyway. On a GPU it is a counting sort: ``offsets``
-from the count of each bucket (a scatter-add) and a cumulative sum, ``perm`` from one launch of
-``cgtp_group`` (``cuda/group_edges.cu``), in which each edge takes the next free place of its bucket
-with an atomic add. Elsewhere, under ``vmap``, and for ``backend="reference"`` (whose lowering does
-not read the ordering, so XLA drops it) it is ``sort_edges``'s stable argsort, one valid grouping.
+the atomic kernels sum them in no fixed order anyway. On a GPU it is a counting sort in two launches
+(``cuda/group_edges.cu``): ``cgtp_group_count`` gives each edge its rank in its bucket (an atomic add
+on the bucket's count), and its last block to finish sums the counts into ``offsets``;
+``cgtp_group_place`` puts each edge at its bucket's start plus its rank, or, where the edges came
+grouped already (no edge in a lower bucket than the one before it), returns the identity.
+Elsewhere, under ``vmap``, and for ``backend="reference"`` (whose lowering does not read the
+ordering, so XLA drops it) it is ``sort_edges``'s stable argsort, one valid grouping.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import codegen, cuda_lowering, nvrtc
-from .graph import edge_offsets, sort_edges
+from .graph import sort_edges
 
-KERNEL = "cgtp_group"
-BLOCK = 256
+COUNT_KERNEL, PLACE_KERNEL = "cgtp_group_count", "cgtp_group_place"
+BLOCK = 1024
+SHARED_BYTES = 33 * 8  # one index per warp for the block's sum, and the "last block" flag
 _SOURCE = "group_edges.cu"
 
 group_p = Primitive("cgtp_group")
@@ -67,7 +70,7 @@ batching.primitive_batchers[group_p] = _batch
 
 @functools.lru_cache(maxsize=None)
 def kernel_source(index_ctype: str) -> str:
-    """``cgtp_group``'s source for indices of C type ``index_ctype``."""
+    """The grouping kernels' source for indices of C type ``index_ctype``."""
     return f"typedef {index_ctype} I;\n{codegen.cuda_source(_SOURCE)}"
 
 
@@ -77,24 +80,28 @@ def _image(index_ctype: str, arch: str):
 
 
 def grid(edges: int) -> int:
-    """Blocks of ``cgtp_group``'s launch: one thread per edge."""
+    """Blocks of each launch: one thread per edge."""
     return -(-edges // BLOCK)
 
 
-def place_edges(index, offsets, rows: int):
-    """``perm``: each edge at the next free place of its bucket (``cgtp_group``)."""
-    _, ctype = cuda_lowering.common_index_dtype([index])
+def run_kernel(name: str, args, shapes, *, edges: int, rows: int, zero_outputs=()):
+    """One launch of kernel ``name`` of ``cuda/group_edges.cu`` on ``args`` (the index first): its
+    outputs of ``shapes``, those flagged in ``zero_outputs`` zeroed first."""
+    _, ctype = cuda_lowering.common_index_dtype([args[0]])
     image, image_id = _image(ctype, cuda_lowering.device_arch())
-    edges = index.shape[0]
-    shapes = [jax.ShapeDtypeStruct((edges,), index.dtype), jax.ShapeDtypeStruct((rows + 2,), index.dtype)]
-    perm, _ = cuda_lowering.ffi_launch(image, image_id, KERNEL, [index, offsets], shapes, grid=grid(edges),
-                                       block=BLOCK, scalars=[edges, rows], zero_outputs=[0, 1])
-    return perm
+    return cuda_lowering.ffi_launch(image, image_id, name, args, shapes, grid=grid(edges), block=BLOCK,
+                                    shared_bytes=SHARED_BYTES, scalars=[edges, rows], zero_outputs=zero_outputs)
 
 
 def _on_gpu(index, *, rows):
-    offsets = edge_offsets(index, rows)
-    return [place_edges(index, offsets, rows), offsets]
+    edges, dtype = index.shape[0], index.dtype
+    if edges == 0:
+        return [jnp.zeros(0, dtype), jnp.zeros(rows + 1, dtype)]
+    shape = functools.partial(jax.ShapeDtypeStruct, dtype=dtype)
+    rank, offsets, state = run_kernel(COUNT_KERNEL, [index], [shape((edges,)), shape((rows + 1,)), shape((rows + 4,))],
+                                      edges=edges, rows=rows, zero_outputs=[0, 0, 1])
+    (perm,) = run_kernel(PLACE_KERNEL, [index, rank, offsets, state], [shape((edges,))], edges=edges, rows=rows)
+    return [perm, offsets]
 
 
 def _sorted(index, *, rows):

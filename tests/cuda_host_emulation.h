@@ -99,6 +99,8 @@ inline V __ldca(const V* address) {  // ld.global.ca: a load cached in L1, to th
   return *address;
 }
 
+inline void __threadfence() {}  // blocks run one after the other: every store is seen
+
 template <class V>
 inline V atomicAdd(V* address, V value) {
   return std::atomic_ref<V>(*address).fetch_add(value);

@@ -41,7 +41,7 @@ _PARAMETER = re.compile(r"^\s*(const )?(T\*|I\*|long long) (?:__restrict__ )?(\w
 RESIDENT_BLOCKS = 2
 
 _launched: list = []  # the schedules of the emulated launches, in order
-_groupings: list = []  # the edge counts of the emulated launches of cgtp_group, in order
+_groupings: list = []  # the edge counts of the emulated groupings (cgtp_group_count), in order
 # One launch at a time: XLA may run independent callbacks concurrently, and the emulated
 # launches share process-wide state (gridDim and blockDim are unique symbols across the loaded
 # kernel libraries; a library's shared-memory buffer serves all of its launches).
@@ -58,7 +58,7 @@ def launched() -> list:
 
 
 def groupings() -> list[int]:
-    """The edge count of every emulated launch of the edge grouping so far, in order."""
+    """The edge count of every emulated grouping (its counting launch) so far, in order."""
     return list(_groupings)
 
 
@@ -144,21 +144,22 @@ def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
     return jax.pure_callback(host, shapes, *args)
 
 
-def place_edges(index, offsets, rows: int):
-    """:func:`jax_cgtp.grouping.place_edges`, on the host."""
-    source = grouping.kernel_source(cuda_lowering.common_index_dtype([index])[1])
-    edges = index.shape[0]
+def run_grouping_kernel(name: str, args, shapes, *, edges: int, rows: int, zero_outputs=()):
+    """:func:`jax_cgtp.grouping.run_kernel`, on the host; outputs not zeroed start as -1."""
+    source = grouping.kernel_source(cuda_lowering.common_index_dtype([args[0]])[1])
+    zero = [bool(z) for z in zero_outputs] + [False] * (len(shapes) - len(zero_outputs))
 
-    def host(index, offsets):
-        perm, cursor = np.full(edges, -1, index.dtype), np.zeros(rows + 2, index.dtype)
-        arrays = [np.ascontiguousarray(index), np.ascontiguousarray(offsets), perm, cursor]
+    def host(*arrays):
+        inputs = [np.ascontiguousarray(a) for a in arrays]
+        outputs = [np.zeros(s.shape, s.dtype) if z else np.full(s.shape, -1, s.dtype) for s, z in zip(shapes, zero)]
         with _one_launch:
-            _groupings.append(edges)
-            launch(source, [a.ctypes.data for a in arrays], np.array([edges, rows]), grouping.grid(edges),
-                   grouping.BLOCK, grouping.KERNEL)
-        return perm
+            if name == grouping.COUNT_KERNEL:
+                _groupings.append(edges)
+            launch(source, [a.ctypes.data for a in inputs + outputs], np.array([edges, rows]), grouping.grid(edges),
+                   grouping.BLOCK, name)
+        return outputs
 
-    return jax.pure_callback(host, jax.ShapeDtypeStruct((edges,), index.dtype), index, offsets)
+    return jax.pure_callback(host, shapes, *args)
 
 
 def _lowering(ctx, *args, call, backend):
@@ -170,15 +171,15 @@ def _lowering(ctx, *args, call, backend):
 @contextlib.contextmanager
 def emulated_kernels():
     """Within the block, ``backend="auto"`` on the CPU runs the generated kernels, emulated."""
-    originals = cuda_lowering.run_kernel, grouping.place_edges
-    cuda_lowering.run_kernel, grouping.place_edges = run_kernel, place_edges
+    originals = cuda_lowering.run_kernel, grouping.run_kernel
+    cuda_lowering.run_kernel, grouping.run_kernel = run_kernel, run_grouping_kernel
     mlir.register_lowering(primitives.cgtp_p, _lowering, platform="cpu")
     mlir.register_lowering(grouping.group_p, functools.partial(grouping.lowering, on_gpu=True), platform="cpu")
     jax.clear_caches()
     try:
         yield
     finally:
-        cuda_lowering.run_kernel, grouping.place_edges = originals
+        cuda_lowering.run_kernel, grouping.run_kernel = originals
         mlir.register_lowering(primitives.cgtp_p, primitives._reference_rule, platform="cpu")
         mlir.register_lowering(grouping.group_p, grouping.lowering, platform="cpu")
         jax.clear_caches()

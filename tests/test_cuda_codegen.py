@@ -550,7 +550,7 @@ def test_lowered_backward_is_one_self_contained_custom_call(lower_for_sm90):
 @pytest.mark.parametrize("index_dtype", [jnp.int32, jnp.int64])
 def test_atomic_convolution_groups_its_edges_once_per_call(lower_for_sm90, index_dtype):
     """Without ``graph=``, the lowered atomic convolution groups its edges by ``dst`` once (one
-    launch of ``cgtp_group``, compiled by NVRTC), for the forward and the backward together;
+    launch of each grouping kernel, compiled by NVRTC), for the forward and the backward together;
     given a graph, not at all."""
     irreps_in1, irreps_in2, irreps_out, instructions, normalization = random_problem(40, mode="uvu", lmax=2)
     conv = jax_cgtp.TensorProductConv(irreps_in1, irreps_in2, irreps_out, instructions, **normalization)
@@ -566,9 +566,10 @@ def test_atomic_convolution_groups_its_edges_once_per_call(lower_for_sm90, index
         return re.findall(r'kernel = "(\w+)"', exported.mlir_module())
 
     grouped = launches(lambda *a: conv(*a, src, dst, 5))
-    assert grouped.count(jax_cgtp.grouping.KERNEL) == 1 and len(grouped) >= 3
+    grouping = (jax_cgtp.grouping.COUNT_KERNEL, jax_cgtp.grouping.PLACE_KERNEL)
+    assert [grouped.count(name) for name in grouping] == [1, 1] and len(grouped) >= 4
     graph = jax_cgtp.sort_graph(src, dst, 5)
-    assert jax_cgtp.grouping.KERNEL not in launches(lambda *a: conv(*a, graph=graph))
+    assert not set(grouping) & set(launches(lambda *a: conv(*a, graph=graph)))
 
 
 def test_cuda_backend_off_the_gpu_is_a_clear_error_at_lowering():

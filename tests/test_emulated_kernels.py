@@ -106,22 +106,41 @@ def test_convolution_matches_reference(deterministic, seed):
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
+def _grouping_index(edges: int, rows: int, order: str, dtype):
+    """Indices of ``edges`` edges over ``rows`` nodes, some out of range: in no order, sorted, or
+    sorted but for two edges of different blocks swapped."""
+    index = jax.random.randint(jax.random.PRNGKey(edges + rows), (edges,), -2, rows + 3)
+    if order != "random":
+        index = jnp.sort(index)
+    if order == "one_swap":
+        index = index.at[jnp.array([5, edges - 5])].set(index[jnp.array([edges - 5, 5])])
+    return index.astype(dtype)
+
+
 @pytest.mark.parametrize("index_dtype", [jnp.int32, jnp.int64])
-@pytest.mark.parametrize("edges", [0, 1, 300, 1000])
-def test_grouping_kernel_groups_edges_by_index(edges, index_dtype):
-    """``cgtp_group`` places every edge once, each node's edges in its run, with the edges below
-    the range first and those above it last: the runs of the stable sort, in any order."""
-    index = jax.random.randint(jax.random.PRNGKey(edges), (edges,), -2, 14).astype(index_dtype)
+@pytest.mark.parametrize("edges, rows, order", [(0, 11, "random"), (1, 11, "random"), (1000, 11, "random"),
+                                                (2500, 20_000, "random"), (2500, 11, "sorted"),
+                                                (2500, 11, "one_swap")])
+def test_grouping_kernels_group_edges_by_index(edges, rows, order, index_dtype):
+    """The counting sort places every edge once, each node's edges in its run, with the edges
+    below the range first and those above it last: the runs of the stable sort, in any order (the
+    identity where the edges came sorted). Three blocks of edges count, and more nodes than the
+    last block sums in one pass."""
+    index = _grouping_index(edges, rows, order, index_dtype)
     before = len(kernel_emulator.groupings())
-    perm, offsets = jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, 11))(index)
+    perm, offsets = jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index)
     assert kernel_emulator.groupings()[before:] == ([edges] if edges else [])  # no launch for no edges
-    stable_perm, stable_offsets = jax_cgtp.graph.sort_edges(index, 11)
+    stable_perm, stable_offsets = jax_cgtp.graph.sort_edges(index, rows)
     assert perm.dtype == offsets.dtype == index_dtype
     np.testing.assert_array_equal(offsets, stable_offsets)
     np.testing.assert_array_equal(np.sort(perm), np.arange(edges))
     bounds = [0, *np.asarray(offsets).tolist(), edges]
     for begin, end in zip(bounds[:-1], bounds[1:]):
         np.testing.assert_array_equal(np.sort(perm[begin:end]), np.sort(stable_perm[begin:end]))
+    if order == "sorted":
+        np.testing.assert_array_equal(perm, np.arange(edges))
+    if order == "one_swap":
+        assert not np.array_equal(perm, np.arange(edges))
 
 
 @pytest.mark.parametrize("given", ["graph", "grouped", "sorted_by_dst"])

@@ -191,14 +191,23 @@ def test_convolution_matches_reference(deterministic, dtype, seed):
 
 
 @pytest.mark.parametrize("index_dtype", [jnp.int32, jnp.int64])
-@pytest.mark.parametrize("edges, rows", [(0, 5), (1, 0), (5000, 300), (1_000_003, 40_000)])
-def test_grouping_kernel_groups_edges_by_index(edges, rows, index_dtype):
+@pytest.mark.parametrize("edges, rows, order", [(0, 5, "random"), (1, 0, "random"), (5000, 300, "random"),
+                                                (1_000_003, 40_000, "random"), (1_000_003, 40_000, "sorted"),
+                                                (1_000_003, 40_000, "one_swap"), (300_000, 2_000_000, "random")])
+def test_grouping_kernel_groups_edges_by_index(edges, rows, order, index_dtype):
     """The counting sort of an atomic convolution without ``graph=``: the stable sort's offsets,
-    and each run holding the stable sort's edges (in any order), out-of-range edges included."""
+    and each run holding the stable sort's edges (in any order; the identity where the edges came
+    sorted), out-of-range edges included, over more nodes than edges too."""
     index = jax.random.randint(jax.random.PRNGKey(edges), (edges,), -3, rows + 4).astype(index_dtype)
+    if order != "random":
+        index = jnp.sort(index)
+    if order == "one_swap":
+        index = index.at[jnp.array([5, edges - 5])].set(index[jnp.array([edges - 5, 5])])
     perm, offsets = jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index)
     stable_perm, stable_offsets = jax.jit(lambda i: jax_cgtp.graph.sort_edges(i, rows))(index)
     np.testing.assert_array_equal(offsets, stable_offsets)
+    if order == "sorted":
+        np.testing.assert_array_equal(perm, np.arange(edges))
     bounds = np.concatenate([[0], np.asarray(offsets), [edges]])
     run = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))  # the run of each sorted position
 

@@ -6,9 +6,10 @@
 // rows + 2 buckets, then a flag set where an edge lies in a lower bucket than the edge before it,
 // then the number of blocks done counting.
 //
-//   cgtp_group_count: each edge takes the next rank of its bucket (an atomic add on the bucket's
-//     count) and compares its bucket with its predecessor's; the block that finishes last turns
-//     the counts into `offsets` (offsets[n] = counts[0] + ... + counts[n], n <= rows, CSR over nodes).
+//   cgtp_group_count: each edge takes the next rank of its bucket (the lanes of a warp that share
+//     a bucket take consecutive ranks by one atomic add on the bucket's count) and compares its
+//     bucket with its predecessor's; the block that finishes last turns the counts into `offsets`
+//     (offsets[n] = counts[0] + ... + counts[n], n <= rows, CSR over nodes).
 //   cgtp_group_place: perm[start of the edge's bucket + its rank] = edge. Where no edge's bucket is
 //     below its predecessor's, the edges came grouped already and perm is the identity.
 
@@ -21,9 +22,9 @@ __device__ __forceinline__ long long cgtp_bucket(long long i, long long rows) {
   return i < 0 ? 0 : i < rows ? i + 1 : rows + 1;
 }
 
-__device__ __forceinline__ int cgtp_take(int* count) { return atomicAdd(count, 1); }
-__device__ __forceinline__ long long cgtp_take(long long* count) {
-  return (long long)atomicAdd(reinterpret_cast<unsigned long long*>(count), 1ull);
+__device__ __forceinline__ int cgtp_take(int* count, int n = 1) { return atomicAdd(count, n); }
+__device__ __forceinline__ long long cgtp_take(long long* count, long long n = 1) {
+  return (long long)atomicAdd(reinterpret_cast<unsigned long long*>(count), (unsigned long long)n);
 }
 
 // The sum of `value` over the block's threads up to and including this one; `total` gets the
@@ -62,13 +63,18 @@ extern "C" __global__ void __launch_bounds__(CGTP_GROUP_BLOCK) cgtp_group_count(
   I* const blocks_done = state + rows + 3;
   I* const shared = reinterpret_cast<I*>(cgtp_smem);  // warp sums, then the "last block" flag
   const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  bool descends = false;
-  if (e < num_edges) {
-    const long long bucket = cgtp_bucket(index[e], rows);
-    rank[e] = (I)cgtp_take(state + bucket);
-    descends = e > 0 && cgtp_bucket(index[e - 1], rows) > bucket;
-  }
-  if (__ballot_sync(0xffffffffu, descends) != 0u && (threadIdx.x & 31) == 0 && *descending == 0) *descending = 1;
+  const int lane = threadIdx.x & 31;
+  const bool valid = e < num_edges;
+  const long long bucket = valid ? cgtp_bucket(index[e], rows) : -1;
+  // The lanes of one bucket take consecutive ranks, by one atomic add of their leader.
+  const unsigned peers = __match_any_sync(0xffffffffu, bucket);
+  const int leader = __ffs(peers) - 1;
+  I first = 0;
+  if (valid && lane == leader) first = cgtp_take(state + bucket, (I)__popc(peers));
+  first = __shfl_sync(0xffffffffu, first, leader);
+  if (valid) rank[e] = first + (I)__popc(peers & ((1u << lane) - 1u));
+  const bool descends = valid && e > 0 && cgtp_bucket(index[e - 1], rows) > bucket;
+  if (__ballot_sync(0xffffffffu, descends) != 0u && lane == 0 && *descending == 0) *descending = 1;
 
   // The last block to finish counting sums the counts cumulatively.
   __threadfence();
@@ -77,7 +83,6 @@ extern "C" __global__ void __launch_bounds__(CGTP_GROUP_BLOCK) cgtp_group_count(
   __syncthreads();
   if (!shared[32]) return;
   __threadfence();
-  const volatile I* counts = state;  // other blocks' atomic adds: read past the L1 cache
   I carry = 0;
   for (long long first = 0; first <= rows; first += (long long)CGTP_SCAN_ITEMS * blockDim.x) {
     const long long mine = first + (long long)CGTP_SCAN_ITEMS * threadIdx.x;
@@ -85,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(CGTP_GROUP_BLOCK) cgtp_group_count(
     I sum = 0;
 #pragma unroll
     for (int k = 0; k < CGTP_SCAN_ITEMS; ++k) {
-      items[k] = mine + k <= rows ? counts[mine + k] : (I)0;
+      items[k] = mine + k <= rows ? __ldcg(state + mine + k) : (I)0;  // other blocks' adds: from L2
       sum += items[k];
     }
     I total;

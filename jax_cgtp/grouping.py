@@ -5,8 +5,9 @@ when it is given no sorted graph.
 :func:`jax_cgtp.graph.sort_edges`'s (CSR ``offsets`` over ``rows`` nodes; edges below the range
 first, edges above it last), except that within a node's run the edges come in no fixed order:
 the atomic kernels sum them in no fixed order anyway. On a GPU it is a counting sort in two launches
-(``cuda/group_edges.cu``): ``cgtp_group_count`` gives each edge its rank in its bucket (an atomic add
-on the bucket's count), and its last block to finish sums the counts into ``offsets``;
+(``cuda/group_edges.cu``): ``cgtp_group_count`` gives each edge its rank in its bucket (atomic adds
+on the bucket's count, one per warp and bucket), and its last block to finish sums the counts into
+``offsets``;
 ``cgtp_group_place`` puts each edge at its bucket's start plus its rank, or, where the edges came
 grouped already (no edge in a lower bucket than the one before it), returns the identity.
 Elsewhere, under ``vmap``, and for ``backend="reference"`` (whose lowering does not read the

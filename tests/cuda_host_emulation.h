@@ -94,8 +94,29 @@ inline unsigned __ballot_sync(unsigned, int predicate) {
   return mask;
 }
 
+// Bit `l` of the result is set where lane l's `value` equals this lane's.
+template <class V>
+inline unsigned __match_any_sync(unsigned, V value) {
+  static_assert(sizeof(V) <= 8, "matches compare at most 8 bytes");
+  cgtp_emu_warp& warp = *cgtp_emu_my_warp;
+  std::memcpy(warp.slots[threadIdx.x & 31], &value, sizeof(V));
+  cgtp_emu_arrive_and_wait(warp.meet);
+  unsigned mask = 0;
+  for (int l = 0; l < 32; ++l) mask |= static_cast<unsigned>(std::memcmp(warp.slots[l], &value, sizeof(V)) == 0) << l;
+  cgtp_emu_arrive_and_wait(warp.meet);
+  return mask;
+}
+
+inline int __popc(unsigned bits) { return __builtin_popcount(bits); }
+inline int __ffs(unsigned bits) { return __builtin_ffs(static_cast<int>(bits)); }
+
 template <class V>
 inline V __ldca(const V* address) {  // ld.global.ca: a load cached in L1, to the host a plain one
+  return *address;
+}
+
+template <class V>
+inline V __ldcg(const V* address) {  // ld.global.cg: a load cached in L2 only, to the host a plain one
   return *address;
 }
 

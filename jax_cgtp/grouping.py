@@ -4,12 +4,13 @@ when it is given no sorted graph.
 ``group_edges(index, rows)`` returns ``(perm, offsets)`` laid out as
 :func:`jax_cgtp.graph.sort_edges`'s (CSR ``offsets`` over ``rows`` nodes; edges below the range
 first, edges above it last), except that within a node's run the edges come in no fixed order:
-the atomic kernels sum them in no fixed order anyway. On a GPU it is a counting sort in two launches
-(``cuda/group_edges.cu``): ``cgtp_group_count`` gives each edge its rank in its bucket (atomic adds
-on the bucket's count, one per warp and bucket), and its last block to finish sums the counts into
-``offsets``;
-``cgtp_group_place`` puts each edge at its bucket's start plus its rank, or, where the edges came
-grouped already (no edge in a lower bucket than the one before it), returns the identity.
+the atomic kernels sum them in no fixed order anyway. On a GPU it is a counting sort
+(``cuda/group_edges.cu``): each edge takes its rank in its bucket (atomic adds on the bucket's
+count, one per warp and bucket), the counts are summed into ``offsets``, and ``cgtp_group_place``
+puts each edge at its bucket's start plus its rank, or, where the edges came grouped already (no
+edge in a lower bucket than the one before it), returns the identity. Up to :data:`SCAN_TILE`
+counts, the last block of the counting launch (``cgtp_group_count``) sums them: two launches in
+all. Above that, ``cgtp_group_rank`` counts and ``cgtp_group_scan`` sums the tiles in parallel.
 Elsewhere, under ``vmap``, and for ``backend="reference"`` (whose lowering does not read the
 ordering, so XLA drops it) it is ``sort_edges``'s stable argsort, one valid grouping.
 """
@@ -27,9 +28,12 @@ from jax.interpreters import ad, batching, mlir
 from . import codegen, cuda_lowering, nvrtc
 from .graph import sort_edges
 
-COUNT_KERNEL, PLACE_KERNEL = "cgtp_group_count", "cgtp_group_place"
+COUNT_KERNEL, RANK_KERNEL, SCAN_KERNEL, PLACE_KERNEL = (
+    "cgtp_group_count", "cgtp_group_rank", "cgtp_group_scan", "cgtp_group_place")
 BLOCK = 1024
-SHARED_BYTES = 33 * 8  # one index per warp for the block's sum, and the "last block" flag
+SCAN_ITEMS = 8  # counts per thread of a scan tile
+SCAN_TILE = BLOCK * SCAN_ITEMS  # counts a block sums at once
+SHARED_BYTES = 34 * 8  # one index per warp for the block's sum, and two more
 _SOURCE = "group_edges.cu"
 
 group_p = Primitive("cgtp_group")
@@ -72,7 +76,8 @@ batching.primitive_batchers[group_p] = _batch
 @functools.lru_cache(maxsize=None)
 def kernel_source(index_ctype: str) -> str:
     """The grouping kernels' source for indices of C type ``index_ctype``."""
-    return f"typedef {index_ctype} I;\n{codegen.cuda_source(_SOURCE)}"
+    return (f"typedef {index_ctype} I;\n#define CGTP_GROUP_BLOCK {BLOCK}\n#define CGTP_SCAN_ITEMS {SCAN_ITEMS}\n"
+            f"{codegen.cuda_source(_SOURCE)}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,16 +86,22 @@ def _image(index_ctype: str, arch: str):
 
 
 def grid(edges: int) -> int:
-    """Blocks of each launch: one thread per edge."""
+    """Blocks of a launch over the edges: one thread per edge."""
     return -(-edges // BLOCK)
 
 
-def run_kernel(name: str, args, shapes, *, edges: int, rows: int, zero_outputs=()):
-    """One launch of kernel ``name`` of ``cuda/group_edges.cu`` on ``args`` (the index first): its
-    outputs of ``shapes``, those flagged in ``zero_outputs`` zeroed first."""
+def scan_tiles(rows: int) -> int:
+    """Tiles of the ``rows + 1`` counts that become offsets: the blocks of ``cgtp_group_scan``."""
+    return -(-(rows + 1) // SCAN_TILE)
+
+
+def run_kernel(name: str, args, shapes, *, grid: int, edges: int, rows: int, zero_outputs=()):
+    """One launch of kernel ``name`` of ``cuda/group_edges.cu`` on ``grid`` blocks and ``args`` (the
+    index or the counts first): its outputs of ``shapes``, those flagged in ``zero_outputs`` zeroed
+    first."""
     _, ctype = cuda_lowering.common_index_dtype([args[0]])
     image, image_id = _image(ctype, cuda_lowering.device_arch())
-    return cuda_lowering.ffi_launch(image, image_id, name, args, shapes, grid=grid(edges), block=BLOCK,
+    return cuda_lowering.ffi_launch(image, image_id, name, args, shapes, grid=grid, block=BLOCK,
                                     shared_bytes=SHARED_BYTES, scalars=[edges, rows], zero_outputs=zero_outputs)
 
 
@@ -99,9 +110,17 @@ def _on_gpu(index, *, rows):
     if edges == 0:
         return [jnp.zeros(0, dtype), jnp.zeros(rows + 1, dtype)]
     shape = functools.partial(jax.ShapeDtypeStruct, dtype=dtype)
-    rank, offsets, state = run_kernel(COUNT_KERNEL, [index], [shape((edges,)), shape((rows + 1,)), shape((rows + 4,))],
-                                      edges=edges, rows=rows, zero_outputs=[0, 0, 1])
-    (perm,) = run_kernel(PLACE_KERNEL, [index, rank, offsets, state], [shape((edges,))], edges=edges, rows=rows)
+    launch = functools.partial(run_kernel, edges=edges, rows=rows)
+    counted = shape((rows + 4,))  # the counts, the order flag, the blocks done counting
+    if scan_tiles(rows) == 1:
+        rank, offsets, state = launch(COUNT_KERNEL, [index], [shape((edges,)), shape((rows + 1,)), counted],
+                                      grid=grid(edges), zero_outputs=[0, 0, 1])
+    else:
+        rank, state = launch(RANK_KERNEL, [index], [shape((edges,)), counted], grid=grid(edges), zero_outputs=[0, 1])
+        tiles = scan_tiles(rows)
+        offsets, _ = launch(SCAN_KERNEL, [state], [shape((rows + 1,)), jax.ShapeDtypeStruct((tiles + 1,), jnp.int64)],
+                            grid=tiles, zero_outputs=[0, 1])
+    (perm,) = launch(PLACE_KERNEL, [index, rank, offsets, state], [shape((edges,))], grid=grid(edges))
     return [perm, offsets]
 
 

@@ -33,7 +33,7 @@ COMPILER = shutil.which("g++")
 _BUILD = pathlib.Path(tempfile.mkdtemp(prefix="jax_cgtp_emulated_"))
 atexit.register(shutil.rmtree, _BUILD, ignore_errors=True)
 _FLAGS = ["-std=c++20", "-O1", "-w", "-fPIC", "-pthread"]
-_PARAMETER = re.compile(r"^\s*(const )?(T\*|I\*|long long) (?:__restrict__ )?(\w+)[,)]", re.M)
+_PARAMETER = re.compile(r"^\s*(const )?(T\*|I\*|long long\*|long long) (?:__restrict__ )?(\w+)[,)]", re.M)
 
 
 # The blocks a filling launch (``KernelSchedule.fill``) gets, as the launcher caps its grid at the
@@ -41,7 +41,7 @@ _PARAMETER = re.compile(r"^\s*(const )?(T\*|I\*|long long) (?:__restrict__ )?(\w
 RESIDENT_BLOCKS = 2
 
 _launched: list = []  # the schedules of the emulated launches, in order
-_groupings: list = []  # the edge counts of the emulated groupings (cgtp_group_count), in order
+_groupings: list = []  # (counting kernel, edges) of each emulated grouping, in order
 # One launch at a time: XLA may run independent callbacks concurrently, and the emulated
 # launches share process-wide state (gridDim and blockDim are unique symbols across the loaded
 # kernel libraries; a library's shared-memory buffer serves all of its launches).
@@ -57,8 +57,8 @@ def launched() -> list:
     return list(_launched)
 
 
-def groupings() -> list[int]:
-    """The edge count of every emulated grouping (its counting launch) so far, in order."""
+def groupings() -> list[tuple[str, int]]:
+    """The counting kernel and the edge count of every emulated grouping so far, in order."""
     return list(_groupings)
 
 
@@ -144,7 +144,7 @@ def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
     return jax.pure_callback(host, shapes, *args)
 
 
-def run_grouping_kernel(name: str, args, shapes, *, edges: int, rows: int, zero_outputs=()):
+def run_grouping_kernel(name: str, args, shapes, *, grid: int, edges: int, rows: int, zero_outputs=()):
     """:func:`jax_cgtp.grouping.run_kernel`, on the host; outputs not zeroed start as -1."""
     source = grouping.kernel_source(cuda_lowering.common_index_dtype([args[0]])[1])
     zero = [bool(z) for z in zero_outputs] + [False] * (len(shapes) - len(zero_outputs))
@@ -153,9 +153,9 @@ def run_grouping_kernel(name: str, args, shapes, *, edges: int, rows: int, zero_
         inputs = [np.ascontiguousarray(a) for a in arrays]
         outputs = [np.zeros(s.shape, s.dtype) if z else np.full(s.shape, -1, s.dtype) for s, z in zip(shapes, zero)]
         with _one_launch:
-            if name == grouping.COUNT_KERNEL:
-                _groupings.append(edges)
-            launch(source, [a.ctypes.data for a in inputs + outputs], np.array([edges, rows]), grouping.grid(edges),
+            if name in (grouping.COUNT_KERNEL, grouping.RANK_KERNEL):
+                _groupings.append((name, edges))
+            launch(source, [a.ctypes.data for a in inputs + outputs], np.array([edges, rows]), grid,
                    grouping.BLOCK, name)
         return outputs
 

@@ -119,17 +119,18 @@ def _grouping_index(edges: int, rows: int, order: str, dtype):
 
 @pytest.mark.parametrize("index_dtype", [jnp.int32, jnp.int64])
 @pytest.mark.parametrize("edges, rows, order", [(0, 11, "random"), (1, 11, "random"), (1000, 11, "random"),
-                                                (2500, 20_000, "random"), (2500, 11, "sorted"),
-                                                (2500, 11, "one_swap")])
+                                                (2500, 20_000, "random"), (2500, 20_000, "sorted"),
+                                                (2500, 11, "sorted"), (2500, 11, "one_swap")])
 def test_grouping_kernels_group_edges_by_index(edges, rows, order, index_dtype):
     """The counting sort places every edge once, each node's edges in its run, with the edges
     below the range first and those above it last: the runs of the stable sort, in any order (the
-    identity where the edges came sorted). Three blocks of edges count, and more nodes than the
-    last block sums in one pass."""
+    identity where the edges came sorted). Three blocks of edges count; over 20,000 nodes, three
+    blocks sum the tiles of counts (``cgtp_group_scan``), else the counting launch's last block."""
     index = _grouping_index(edges, rows, order, index_dtype)
     before = len(kernel_emulator.groupings())
     perm, offsets = jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index)
-    assert kernel_emulator.groupings()[before:] == ([edges] if edges else [])  # no launch for no edges
+    counting = jax_cgtp.grouping.COUNT_KERNEL if rows < 8000 else jax_cgtp.grouping.RANK_KERNEL
+    assert kernel_emulator.groupings()[before:] == ([(counting, edges)] if edges else [])  # none for no edges
     stable_perm, stable_offsets = jax_cgtp.graph.sort_edges(index, rows)
     assert perm.dtype == offsets.dtype == index_dtype
     np.testing.assert_array_equal(offsets, stable_offsets)

@@ -112,12 +112,12 @@ def _on_gpu(index, *, rows):
     shape = functools.partial(jax.ShapeDtypeStruct, dtype=dtype)
     launch = functools.partial(run_kernel, edges=edges, rows=rows)
     counted = shape((rows + 4,))  # the counts, the order flag, the blocks done counting
-    if scan_tiles(rows) == 1:
+    tiles = scan_tiles(rows)
+    if tiles == 1:
         rank, offsets, state = launch(COUNT_KERNEL, [index], [shape((edges,)), shape((rows + 1,)), counted],
                                       grid=grid(edges), zero_outputs=[0, 0, 1])
     else:
         rank, state = launch(RANK_KERNEL, [index], [shape((edges,)), counted], grid=grid(edges), zero_outputs=[0, 1])
-        tiles = scan_tiles(rows)
         offsets, _ = launch(SCAN_KERNEL, [state], [shape((rows + 1,)), jax.ShapeDtypeStruct((tiles + 1,), jnp.int64)],
                             grid=tiles, zero_outputs=[0, 1])
     (perm,) = launch(PLACE_KERNEL, [index, rank, offsets, state], [shape((edges,))], grid=grid(edges))

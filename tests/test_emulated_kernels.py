@@ -129,7 +129,8 @@ def test_grouping_kernels_group_edges_by_index(edges, rows, order, index_dtype):
     index = _grouping_index(edges, rows, order, index_dtype)
     before = len(kernel_emulator.groupings())
     perm, offsets = jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index)
-    counting = jax_cgtp.grouping.COUNT_KERNEL if rows < 8000 else jax_cgtp.grouping.RANK_KERNEL
+    one_tile = jax_cgtp.grouping.scan_tiles(rows) == 1
+    counting = jax_cgtp.grouping.COUNT_KERNEL if one_tile else jax_cgtp.grouping.RANK_KERNEL
     assert kernel_emulator.groupings()[before:] == ([(counting, edges)] if edges else [])  # none for no edges
     stable_perm, stable_offsets = jax_cgtp.graph.sort_edges(index, rows)
     assert perm.dtype == offsets.dtype == index_dtype

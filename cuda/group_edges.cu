@@ -11,7 +11,7 @@
 //   cgtp_group_count: each edge takes the next rank of its bucket (the lanes of a warp that share
 //     a bucket take consecutive ranks by one atomic add on the bucket's count) and compares its
 //     bucket with its predecessor's; the block that finishes last sums the counts into `offsets`,
-//     tile after tile (where they are one tile, or few).
+//     tile after tile (grouping.py launches it where the counts are one tile).
 //   cgtp_group_rank and cgtp_group_scan: the same in two launches, the tiles summed by as many
 //     blocks, each adding the sums of the tiles before it as they are published (a single-pass
 //     scan with decoupled look-back).

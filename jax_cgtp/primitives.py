@@ -29,7 +29,7 @@ from jax._src import dispatch  # apply_primitive: eager evaluation through the l
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import cuda_lowering, reference
+from . import cuda_lowering, manual_axes, reference
 from .call import Call, Output, Term, num_edges, output_shape, prune_inputs
 from .graph import sort_edges
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
@@ -46,14 +46,20 @@ def bind(call: Call, inputs, indices=None, schedules=None, *, backend="auto"):
     args = list(inputs) + [indices[r] for r in call.indexed_roles]
     for role in call.sorted_roles:
         args += list(schedules[role])
-    return cgtp_p.bind(*args, call=call, backend=backend)
+    return _bind(args, call, backend)
+
+
+def _bind(args, call: Call, backend):
+    """``cgtp_p.bind`` on ``args`` made to vary over the same manual axes (:mod:`.manual_axes`)."""
+    return cgtp_p.bind(*manual_axes.match(args), call=call, backend=backend)
 
 
 def _abstract_eval(*avals, call, backend):
     del backend
     edges = num_edges(call, [a.shape for a in avals])
     dtype = avals[0].dtype
-    return [jax.core.ShapedArray(output_shape(call, o.role, edges), dtype) for o in call.outputs]
+    varying = max(avals, key=lambda a: len(manual_axes.varying_axes(a)))  # all alike once bound
+    return [manual_axes.shaped_like(varying, output_shape(call, o.role, edges), dtype) for o in call.outputs]
 
 
 cgtp_p.def_abstract_eval(_abstract_eval)
@@ -66,7 +72,7 @@ def _bind_nonempty(call: Call, inputs, tail, backend, avals):
     if live:
         live_call = dataclasses.replace(call, outputs=tuple(call.outputs[k] for k in live))
         live_call, inputs = prune_inputs(live_call, list(inputs))
-        for k, value in zip(live, cgtp_p.bind(*inputs, *tail, call=live_call, backend=backend)):
+        for k, value in zip(live, _bind([*inputs, *tail], live_call, backend)):
             results[k] = value
     return results
 
@@ -100,7 +106,7 @@ def bind_tangents(call: Call, primals, tangents, backend="auto"):
 
 
 def _jvp(primals, tangents, *, call, backend):
-    out = cgtp_p.bind(*primals, call=call, backend=backend)
+    out = _bind(primals, call, backend)
     tangents = [None if type(t) is ad.Zero else t for t in tangents[: call.num_inputs]]
     return out, bind_tangents(call, primals, tangents, backend)
 

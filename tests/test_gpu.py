@@ -6,6 +6,7 @@ Outputs the kernels overwrite are poisoned with NaN before every launch
 
 import functools
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,8 @@ from family_members import (assert_close, conv_members, conv_second_derivatives,
                             spherical_harmonics_pair, squared_norm_and_gradients, wide_block_pair, with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
+import data_parallel
+
 import jax_cgtp
 from jax_cgtp.cuda_lowering import precompile
 from jax_cgtp.problem import MODES
@@ -27,6 +30,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not any(d.platform == "gpu" for d in jax.devices()), reason="needs an NVIDIA GPU"),
 ]
+needs_two_gpus = pytest.mark.skipif(sum(d.platform == "gpu" for d in jax.devices()) < 2, reason="needs two NVIDIA GPUs")
 
 
 def problem_cases(dtype, seeds):
@@ -430,3 +434,46 @@ def _big_problem():
     tp = jax_cgtp.channelwise_tensor_product("32x0e+32x1o", "0e+1o", filter_ir_out="0e+1o")
     instructions = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions]
     return tp.irreps_in1, tp.irreps_in2, tp.irreps_out, instructions
+
+
+@needs_two_gpus
+def test_every_gpu_loads_and_runs_its_kernels_with_first_calls_at_once():
+    """One executable per GPU (inputs placed there), first called from one thread per GPU at once:
+    each CUDA context loads its own kernels."""
+    cuda, reference, args = problem_cases(jnp.float64, (7,))[0]
+    expected = jax.jit(functools.partial(members, reference))(*args)
+    gpus = jax.devices("gpu")
+
+    def on(device):
+        results = jax.jit(functools.partial(members, cuda))(*jax.device_put(args, device))
+        return results, {d for leaf in jax.tree_util.tree_leaves(results) for d in leaf.devices()}
+
+    with ThreadPoolExecutor(len(gpus)) as pool:
+        for device, (results, placed) in zip(gpus, pool.map(on, gpus)):
+            assert placed == {device}
+            assert_close(jax.device_get(results), jax.device_get(expected), jnp.float64)
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_data_parallel_step_under_shard_map_on_every_gpu(deterministic):
+    """Loss, theta's gradient (second derivatives, summed over the GPUs) and x's gradient of a
+    data-parallel step against each GPU's data run alone and against the reference."""
+    result = data_parallel.errors(jax.devices("gpu"), jnp.float64, deterministic=deterministic,
+                                  sorted_graph=deterministic, backend="cuda")
+    assert len(result.pop("devices")) >= 2
+    assert all(error < 1e-12 for error in result.values()), result
+
+
+@needs_two_gpus
+def test_jit_over_arrays_sharded_across_gpus():
+    """Without shard_map, XLA's partitioner places each kernel call (here on rows sharded over the
+    GPUs); the results must not depend on where it puts them."""
+    cuda, reference, args = problem_cases(jnp.float64, (8,))[0]
+    mesh = jax.sharding.Mesh(np.array(jax.devices("gpu")), ("rows",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
+    x, y, w, g = args
+    padded = [jnp.concatenate([a] * len(mesh.devices)) if a.ndim == 2 else a for a in (x, y, w, g)]
+    sharded = [jax.device_put(a, rows) if a.ndim == 2 else a for a in padded]
+    assert_close(jax.device_get(jax.jit(functools.partial(members, cuda))(*sharded)),
+                 jax.device_get(jax.jit(functools.partial(members, reference))(*padded)), jnp.float64)

@@ -1,0 +1,112 @@
+"""A data-parallel training step under ``jax.shard_map``, against the same step on each device's data alone.
+
+Each device holds its own graph: node features ``x``, positions and edges (indices local to the
+device). The parameters ``theta`` are replicated: they map each edge's radial features to the
+convolution's weights. The loss is an energy plus the sum of its squared forces (``-dE/dpos``),
+so its gradient with respect to ``theta`` runs second derivatives of the convolution. Under
+shard_map the loss and ``theta``'s gradient are sums over the devices; ``x``'s gradient stays on
+its device.
+
+``python data_parallel.py`` (from ``tests/``) runs :func:`errors` on every device of JAX's default
+backend and prints them as JSON; ``test_shard_map.py`` runs it on two host devices.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+import jax_cgtp
+from family_members import relative_error
+
+NODES, EDGES = 7, 24
+IRREPS_X, IRREPS_Y = "8x0e+8x1o", "0e+1o"
+INSTRUCTIONS = [(0, 0, 0, "uvu", True), (1, 1, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 1, "uvu", True)]
+RADIAL = 4  # radial features per edge
+
+
+@functools.lru_cache(maxsize=None)
+def modules(deterministic: bool, backend: str):
+    """The convolution and a node-wise product after it (shared weights)."""
+    conv = jax_cgtp.TensorProductConv(IRREPS_X, IRREPS_Y, IRREPS_X, INSTRUCTIONS, deterministic=deterministic,
+                                      backend=backend)
+    node_tp = jax_cgtp.channelwise_tensor_product(IRREPS_X, IRREPS_Y, filter_ir_out="0e+1o", backend=backend)
+    return conv, node_tp
+
+
+def inputs(devices: int, dtype, seed: int = 0):
+    """``(theta, x, pos, src, dst)``: ``theta`` shared, the others with one leading row per device."""
+    conv, _ = modules(False, "reference")
+    k = jax.random.split(jax.random.PRNGKey(seed), 5)
+    theta = jax.random.normal(k[0], (RADIAL, conv.weight_numel), dtype)
+    x = jax.random.normal(k[1], (devices, NODES, conv.irreps_in1.dim), dtype)
+    pos = 2.0 * jax.random.normal(k[2], (devices, NODES, 3), dtype)
+    src = jax.random.randint(k[3], (devices, EDGES), 0, NODES)
+    dst = jax.random.randint(k[4], (devices, EDGES), 0, NODES)
+    return theta, x, pos, src, dst
+
+
+def energy(pos, x, theta, src, dst, *, deterministic, backend, sorted_graph):
+    conv, node_tp = modules(deterministic, backend)
+    vectors = pos[src] - pos[dst] + jnp.array([0.1, 0.0, 0.0], pos.dtype)  # never zero (self-loops)
+    r = jnp.sqrt(jnp.sum(vectors**2, axis=-1))
+    y = jnp.concatenate([jnp.ones_like(r)[:, None], vectors / r[:, None]], axis=-1)
+    w = jnp.stack([jnp.cos(r), jnp.sin(r), r, r**2], axis=-1) @ theta
+    if sorted_graph:
+        nodes = conv(x, y, w, graph=jax_cgtp.sort_graph(src, dst, NODES))
+    else:
+        nodes = conv(x, y, w, src, dst, num_nodes=NODES)
+    h = node_tp(nodes, y[:NODES], jnp.ones(node_tp.weight_numel, pos.dtype))
+    return jnp.sum(h**2) + jnp.sum(nodes[:, :8] ** 2)
+
+
+def loss(theta, x, pos, src, dst, **options):
+    e, forces = jax.value_and_grad(energy)(pos, x, theta, src, dst, **options)
+    return e + jnp.sum(forces**2)
+
+
+def step(theta, x, pos, src, dst, **options):
+    """``(loss, d loss / d theta, d loss / d x)`` of one device's data."""
+    value, (d_theta, d_x) = jax.value_and_grad(functools.partial(loss, **options), argnums=(0, 1))(
+        theta, x, pos, src, dst)
+    return value, d_theta, d_x
+
+
+def sharded_step(mesh: Mesh, **options):
+    """The step over every device of ``mesh`` (axis ``data``): loss and ``theta``'s gradient
+    summed over the devices (JAX sums the gradient of the replicated ``theta``)."""
+    def local(theta, x, pos, src, dst):
+        value, d_theta, d_x = step(theta, x[0], pos[0], src[0], dst[0], **options)
+        return jax.lax.psum(value, "data"), d_theta, d_x[None]
+
+    data = PartitionSpec("data")
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), data, data, data, data),
+                                 out_specs=(PartitionSpec(), PartitionSpec(), data)))
+
+
+def errors(devices=None, dtype=jnp.float64, *, deterministic=False, sorted_graph=False, backend="auto") -> dict:
+    """Relative errors of the sharded step against each device's step run alone (on the first
+    device, same backend: ``alone_*``) and against the reference backend (``reference_*``)."""
+    devices = list(devices or jax.devices())
+    mesh = Mesh(np.array(devices), ("data",))
+    theta, x, pos, src, dst = inputs(len(devices), dtype)
+    options = dict(deterministic=deterministic, sorted_graph=sorted_graph)
+    sharded = sharded_step(mesh, backend=backend, **options)(theta, x, pos, src, dst)
+    result = {"devices": [str(d) for d in devices]}
+    for name, run_backend in (("alone", backend), ("reference", "reference")):
+        one = jax.jit(functools.partial(step, backend=run_backend, **options))
+        alone = [one(theta, x[d], pos[d], src[d], dst[d]) for d in range(len(devices))]
+        expected = (sum(a[0] for a in alone), sum(a[1] for a in alone), jnp.stack([a[2] for a in alone]))
+        for label, got, want in zip(("loss", "theta", "x"), sharded, expected):
+            result[f"{name}_{label}"] = relative_error(got, want)
+    return result
+
+
+if __name__ == "__main__":
+    jax.config.update("jax_enable_x64", True)
+    print(json.dumps([errors(deterministic=d, sorted_graph=d) for d in (False, True)]))

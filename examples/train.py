@@ -7,10 +7,13 @@ ASE's EMT calculator. The loss is
 
 so its gradient with respect to the parameters differentiates the forces again (second
 derivatives of the energy, all through jax_cgtp). Adam from optax; prints the loss curve and
-validation errors, saves a PNG plot and the parameters (flax msgpack).
+validation errors, saves a PNG plot and the parameters (flax msgpack). With ``--devices N`` each
+step is data parallel (``jax.shard_map``): N batches at once, one per device, their gradients
+averaged.
 
     python examples/train.py --smoke                 # seconds on CPU
     python examples/train.py --epochs 300            # on a GPU
+    python examples/train.py --devices 2             # on two GPUs
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from ase.calculators.emt import EMT
+from jax.sharding import Mesh, PartitionSpec
 
 import potential
 
@@ -91,28 +95,62 @@ def loss_terms(model, params, batch: Batch):
     return jnp.mean(energy_error**2), jnp.mean((-gradient - batch.forces) ** 2)
 
 
-def make_train_step(model, optimizer, force_weight: float):
-    """The jitted ``(params, opt_state, batch) -> (params, opt_state, loss)`` of one optimizer step."""
+def stack(batches: list[Batch]) -> Batch:
+    """Batches of equal shapes as one, with a leading axis of one entry per batch."""
+    return jax.tree_util.tree_map(lambda *arrays: jnp.stack(arrays), *batches)
 
-    @jax.jit
-    def train_step(params, state, batch):
-        def loss(params):
-            e, f = loss_terms(model, params, batch)
-            return e + force_weight * f
 
-        value, grads = jax.value_and_grad(loss)(params)
+def make_train_step(model, optimizer, force_weight: float, devices=None):
+    """The jitted ``(params, opt_state, batch) -> (params, opt_state, loss)`` of one optimizer step.
+
+    With several ``devices`` it is data parallel: ``batch`` is :func:`stack` of one batch per
+    device, each device differentiates the loss of its own batch, and the loss and gradients are
+    averaged over the devices; parameters and optimizer state stay the same on every device.
+    """
+
+    def loss(params, batch):
+        e, f = loss_terms(model, params, batch)
+        return e + force_weight * f
+
+    def update(params, state, value, grads):
         updates, state = optimizer.update(grads, state, params)
         return optax.apply_updates(params, updates), state, value
 
-    return train_step
+    if devices is None or len(devices) == 1:
+        return jax.jit(lambda params, state, batch: update(params, state, *jax.value_and_grad(loss)(params, batch)))
+
+    def local(params, state, stacked):
+        value, grads = jax.value_and_grad(loss)(params, jax.tree_util.tree_map(lambda a: a[0], stacked))
+        # shard_map sums the gradient of the replicated parameters over the devices
+        grads = jax.tree_util.tree_map(lambda g: g / len(devices), grads)
+        return update(params, state, jax.lax.pmean(value, "data"), grads)
+
+    mesh = Mesh(np.array(devices), ("data",))
+    replicated = PartitionSpec()
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(replicated, replicated, PartitionSpec("data")),
+                                 out_specs=replicated))
+
+
+def select_devices(count: int) -> list:
+    """The first ``count`` of JAX's devices; a ``ValueError`` if there are fewer."""
+    devices = jax.devices()
+    if not 1 <= count <= len(devices):
+        raise ValueError(f"--devices: {count} requested, {len(devices)} available ({devices})")
+    return devices[:count]
 
 
 def fit(model, params, train: list[Batch], valid: list[Batch], epochs: int, learning_rate: float,
-        force_weight: float, log_every: int = 1, seed: int = 0):
-    """Adam on ``L = energy term + force_weight * force term``; returns ``(params, history)``."""
-    optimizer = optax.adam(optax.cosine_decay_schedule(learning_rate, max(1, epochs * len(train)), alpha=0.1))
+        force_weight: float, log_every: int = 1, seed: int = 0, devices=None):
+    """Adam on ``L = energy term + force_weight * force term``; returns ``(params, history)``.
+    With several ``devices`` each step takes one training batch per device (an epoch's last
+    batches that do not fill every device are left out)."""
+    parallel = len(devices or ()) or 1
+    if parallel > len(train):
+        raise ValueError(f"{parallel} devices need at least as many training batches, got {len(train)}")
+    steps = len(train) // parallel
+    optimizer = optax.adam(optax.cosine_decay_schedule(learning_rate, max(1, epochs * steps), alpha=0.1))
     state = optimizer.init(params)
-    train_step = make_train_step(model, optimizer, force_weight)
+    train_step = make_train_step(model, optimizer, force_weight, devices)
     evaluate = jax.jit(lambda params, batch: loss_terms(model, params, batch))
 
     def validation(params):
@@ -128,8 +166,10 @@ def fit(model, params, train: list[Batch], valid: list[Batch], epochs: int, lear
             losses = [float(sum(t * w for t, w in zip(evaluate(params, b), (1.0, force_weight)))) for b in train]
         else:
             losses = []
-            for index in rng.permutation(len(train)):
-                params, state, value = train_step(params, state, train[index])
+            order = rng.permutation(len(train))
+            for k in range(steps):
+                chosen = [train[i] for i in order[k * parallel:(k + 1) * parallel]]
+                params, state, value = train_step(params, state, chosen[0] if parallel == 1 else stack(chosen))
                 losses.append(float(value))
         energy_rmse, force_rmse = validation(params)
         for key, value in zip(history, (epoch, float(np.mean(losses)), energy_rmse, force_rmse)):
@@ -169,12 +209,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--learning-rate", type=float, default=1e-2)
     parser.add_argument("--force-weight", type=float, default=10.0)
+    parser.add_argument("--devices", type=int, default=1, help="data parallel over the first N devices")
     parser.add_argument("--plot", default="train_loss.png")
     parser.add_argument("--save", default="copper_potential.msgpack")
     args = parser.parse_args(argv)
     if args.smoke:
         args.structures, args.repeat, args.batch_size, args.epochs = 6, 1, 2, min(args.epochs, 6)
     model = potential.model_from_arguments(args)
+    devices = select_devices(args.devices)
 
     structures = perturbed_copper(args.structures, args.repeat, args.rattle, args.strain)
     split = args.batch_size * max(1, round(len(structures) / 6 / args.batch_size))
@@ -182,7 +224,8 @@ def main(argv=None) -> dict:
     train = make_batches(structures[split:], args.batch_size, model.cutoff)
     print(f"{len(structures) - split} training and {split} validation structures of "
           f"{len(structures[0])} atoms; EMT energies {min(a.info['energy'] for a in structures):.3f} .. "
-          f"{max(a.info['energy'] for a in structures):.3f} eV; backend {model.backend}")
+          f"{max(a.info['energy'] for a in structures):.3f} eV; backend {model.backend}; "
+          f"{len(devices)} device(s)")
 
     params = potential.init_params(model, jax.random.PRNGKey(0), train[0].positions, train[0].graph)
     mean_energy = np.mean([a.info["energy"] / len(a) for a in structures[split:]])
@@ -190,7 +233,7 @@ def main(argv=None) -> dict:
     params = {"params": {**params["params"], "shift": shift}}  # start from the mean energy per atom
 
     params, history = fit(model, params, train, valid, args.epochs, args.learning_rate, args.force_weight,
-                          log_every=max(1, args.epochs // 20))
+                          log_every=max(1, args.epochs // 20), devices=devices)
     plot(history, args.plot)
     with open(args.save, "wb") as f:
         f.write(flax.serialization.to_bytes(params))

@@ -2,7 +2,10 @@
 
 import functools
 import importlib.util
+import json
+import os
 import pathlib
+import subprocess
 import sys
 
 import e3nn_jax as e3nn
@@ -133,6 +136,47 @@ def test_train_example_fits_and_saves(tmp_path):
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     restored = flax.serialization.msgpack_restore((tmp_path / "params.msgpack").read_bytes())
     assert "shift" in restored["params"]
+
+
+DATA_PARALLEL_STEP = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np, optax
+jax.config.update("jax_enable_x64", True)
+import potential, train
+model = potential.NequIP(channels=4, lmax=1, num_layers=2, cutoff=3.0, num_basis=4, radial_hidden=(8,))
+batches = train.make_batches(train.perturbed_copper(4, 1, 0.1, 0.03), 2, model.cutoff)
+params = potential.init_params(model, jax.random.PRNGKey(0), batches[0].positions, batches[0].graph)
+params = jax.tree_util.tree_map(lambda p: p.astype(jnp.float64), params)
+optimizer = optax.adam(1e-2)
+state = optimizer.init(params)
+stepped, _, value = train.make_train_step(model, optimizer, 10.0, jax.devices()[:2])(params, state, train.stack(batches))
+def loss(params, batch):
+    e, f = train.loss_terms(model, params, batch)
+    return e + 10.0 * f
+values, grads = zip(*(jax.value_and_grad(loss)(params, b) for b in batches))
+mean = jax.tree_util.tree_map(lambda *g: sum(g) / len(g), *grads)
+expected = optax.apply_updates(params, optimizer.update(mean, state, params)[0])
+errors = [float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in
+          zip(jax.tree_util.tree_leaves(stepped), jax.tree_util.tree_leaves(expected))]
+print(json.dumps({"loss": abs(float(value) - float(np.mean(values))) / float(np.mean(values)), "params": max(errors)}))
+"""
+
+
+def test_train_example_data_parallel_step_averages_the_devices_gradients():
+    """``make_train_step`` over two host devices (a fresh process: JAX fixes their number when it
+    starts) against one device stepping with the two batches' mean gradient."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2")
+    run = subprocess.run([sys.executable, "-c", DATA_PARALLEL_STEP], cwd=EXAMPLES, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    errors = json.loads(run.stdout.strip().splitlines()[-1])
+    assert errors["loss"] < 1e-12 and errors["params"] < 1e-10, errors
+
+
+def test_train_example_asks_for_no_more_devices_than_there_are():
+    with pytest.raises(ValueError, match="--devices: 2 requested, 1 available"):
+        train.main(["--smoke", "--devices", "2"])
 
 
 def test_bench_e2e_compares_the_backends():

@@ -127,6 +127,17 @@ def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, share
     return x, y, w, src, dst
 
 
+def grouping_index(edges: int, rows: int, order: str, dtype):
+    """Indices of ``edges`` edges over ``rows`` nodes, some out of range: in no order (``random``),
+    ``sorted``, or sorted but for two edges far apart swapped (``one_swap``)."""
+    index = jax.random.randint(jax.random.PRNGKey(edges + rows), (edges,), -3, rows + 4)
+    if order != "random":
+        index = jnp.sort(index)
+    if order == "one_swap":
+        index = index.at[jnp.array([5, edges - 5])].set(index[jnp.array([edges - 5, 5])])
+    return index.astype(dtype)
+
+
 def conv_members(conv, num_nodes, x, y, w, src, dst):
     """The convolution, its fused backward, and the force-training second derivative.
 

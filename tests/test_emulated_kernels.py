@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, members, pair,
-                            high_l_pair, random_graph, second_derivatives, spherical_harmonics_pair,
+from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, grouping_index,
+                            high_l_pair, members, pair, random_graph, second_derivatives, spherical_harmonics_pair,
                             squared_norm_and_gradients, whole_chunks_pair, wide_block_pair, with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
@@ -106,17 +106,6 @@ def test_convolution_matches_reference(deterministic, seed):
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
-def _grouping_index(edges: int, rows: int, order: str, dtype):
-    """Indices of ``edges`` edges over ``rows`` nodes, some out of range: in no order, sorted, or
-    sorted but for two edges of different blocks swapped."""
-    index = jax.random.randint(jax.random.PRNGKey(edges + rows), (edges,), -2, rows + 3)
-    if order != "random":
-        index = jnp.sort(index)
-    if order == "one_swap":
-        index = index.at[jnp.array([5, edges - 5])].set(index[jnp.array([edges - 5, 5])])
-    return index.astype(dtype)
-
-
 @pytest.mark.parametrize("index_dtype", [jnp.int32, jnp.int64])
 @pytest.mark.parametrize("edges, rows, order", [(0, 11, "random"), (1, 11, "random"), (1000, 11, "random"),
                                                 (2500, 20_000, "random"), (2500, 20_000, "sorted"),
@@ -126,7 +115,7 @@ def test_grouping_kernels_group_edges_by_index(edges, rows, order, index_dtype):
     below the range first and those above it last: the runs of the stable sort, in any order (the
     identity where the edges came sorted). Three blocks of edges count; over 20,000 nodes, three
     blocks sum the tiles of counts (``cgtp_group_scan``), else the counting launch's last block."""
-    index = _grouping_index(edges, rows, order, index_dtype)
+    index = grouping_index(edges, rows, order, index_dtype)
     before = len(kernel_emulator.groupings())
     perm, offsets = jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index)
     one_tile = jax_cgtp.grouping.scan_tiles(rows) == 1

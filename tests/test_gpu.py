@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, high_l_pair,
-                            long_code_pair, members, pair, random_graph, relative_error, second_derivatives,
-                            spherical_harmonics_pair, squared_norm_and_gradients, wide_block_pair, with_sorted_graph)
+from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, grouping_index,
+                            high_l_pair, long_code_pair, members, pair, random_graph, relative_error,
+                            second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients, wide_block_pair,
+                            with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
 import data_parallel
@@ -202,11 +203,7 @@ def test_grouping_kernel_groups_edges_by_index(edges, rows, order, index_dtype):
     """The counting sort of an atomic convolution without ``graph=``: the stable sort's offsets,
     and each run holding the stable sort's edges (in any order; the identity where the edges came
     sorted), out-of-range edges included, over more nodes than edges too."""
-    index = jax.random.randint(jax.random.PRNGKey(edges), (edges,), -3, rows + 4).astype(index_dtype)
-    if order != "random":
-        index = jnp.sort(index)
-    if order == "one_swap":
-        index = index.at[jnp.array([5, edges - 5])].set(index[jnp.array([edges - 5, 5])])
+    index = grouping_index(edges, rows, order, index_dtype)
     perm, offsets = jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index)
     stable_perm, stable_offsets = jax.jit(lambda i: jax_cgtp.graph.sort_edges(i, rows))(index)
     np.testing.assert_array_equal(offsets, stable_offsets)

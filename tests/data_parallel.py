@@ -1,4 +1,5 @@
-"""A data-parallel training step under ``jax.shard_map``, against the same step on each device's data alone.
+"""A data-parallel training step under ``jax.shard_map`` and ``jax.pmap``, against the same step on each
+device's data alone.
 
 Each device holds its own graph: node features ``x``, positions and edges (indices local to the
 device). The parameters ``theta`` are replicated: they map each edge's radial features to the
@@ -89,21 +90,35 @@ def sharded_step(mesh: Mesh, **options):
                                  out_specs=(PartitionSpec(), PartitionSpec(), data)))
 
 
+def pmapped_step(devices, **options):
+    """The step under ``jax.pmap`` (each device's loss and gradients, summed here)."""
+    mapped = jax.pmap(functools.partial(step, **options), in_axes=(None, 0, 0, 0, 0), devices=devices)
+
+    def summed(*args):
+        value, d_theta, d_x = mapped(*args)
+        return jnp.sum(value), jnp.sum(d_theta, axis=0), d_x
+
+    return summed
+
+
 def errors(devices=None, dtype=jnp.float64, *, deterministic=False, sorted_graph=False, backend="auto") -> dict:
-    """Relative errors of the sharded step against each device's step run alone (on the first
-    device, same backend: ``alone_*``) and against the reference backend (``reference_*``)."""
+    """Relative errors of the step under shard_map (``*``) and under pmap (``pmap_*``) against each
+    device's step run alone (on the first device, same backend: ``alone``) and against the
+    reference backend (``reference``)."""
     devices = list(devices or jax.devices())
     mesh = Mesh(np.array(devices), ("data",))
     theta, x, pos, src, dst = inputs(len(devices), dtype)
     options = dict(deterministic=deterministic, sorted_graph=sorted_graph)
-    sharded = sharded_step(mesh, backend=backend, **options)(theta, x, pos, src, dst)
+    runs = {"": sharded_step(mesh, backend=backend, **options)(theta, x, pos, src, dst),
+            "pmap_": pmapped_step(devices, backend=backend, **options)(theta, x, pos, src, dst)}
     result = {"devices": [str(d) for d in devices]}
     for name, run_backend in (("alone", backend), ("reference", "reference")):
         one = jax.jit(functools.partial(step, backend=run_backend, **options))
         alone = [one(theta, x[d], pos[d], src[d], dst[d]) for d in range(len(devices))]
         expected = (sum(a[0] for a in alone), sum(a[1] for a in alone), jnp.stack([a[2] for a in alone]))
-        for label, got, want in zip(("loss", "theta", "x"), sharded, expected):
-            result[f"{name}_{label}"] = relative_error(got, want)
+        for prefix, run in runs.items():
+            for label, got, want in zip(("loss", "theta", "x"), run, expected):
+                result[f"{prefix}{name}_{label}"] = relative_error(got, want)
     return result
 
 

@@ -453,9 +453,10 @@ def test_every_gpu_loads_and_runs_its_kernels_with_first_calls_at_once():
 
 @needs_two_gpus
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_data_parallel_step_under_shard_map_on_every_gpu(deterministic):
+def test_data_parallel_step_on_every_gpu(deterministic):
     """Loss, theta's gradient (second derivatives, summed over the GPUs) and x's gradient of a
-    data-parallel step against each GPU's data run alone and against the reference."""
+    data-parallel step, under shard_map and under pmap, against each GPU's data run alone and
+    against the reference."""
     result = data_parallel.errors(jax.devices("gpu"), jnp.float64, deterministic=deterministic,
                                   sorted_graph=deterministic, backend="cuda")
     assert len(result.pop("devices")) >= 2

@@ -1,4 +1,5 @@
-"""The primitives inside ``jax.shard_map``: a data-parallel training step on two host devices.
+"""The primitives inside ``jax.shard_map`` and ``jax.pmap``: a data-parallel training step on two host
+devices.
 
 JAX fixes the number of host devices when it starts, so the step runs in a fresh process
 (``data_parallel.py`` with ``--xla_force_host_platform_device_count=2``). On a machine with two GPUs

@@ -25,7 +25,7 @@ from jax._src import dispatch  # apply_primitive: eager evaluation through the l
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import codegen, cuda_lowering, manual_axes, nvrtc
+from . import codegen, cuda_lowering, mesh_axes, nvrtc
 from .graph import sort_edges
 
 COUNT_KERNEL, RANK_KERNEL, SCAN_KERNEL, PLACE_KERNEL = (
@@ -49,8 +49,9 @@ def group_edges(index, rows: int, *, backend: str = "auto") -> tuple[jax.Array, 
 
 def _abstract_eval(index, *, rows, backend):
     del backend
-    return [manual_axes.shaped_like(index, index.shape, index.dtype),
-            manual_axes.shaped_like(index, (rows + 1,), index.dtype)]
+    mesh_axes.check_not_explicitly_sharded([index])
+    return [mesh_axes.shaped_like(index, index.shape, index.dtype),
+            mesh_axes.shaped_like(index, (rows + 1,), index.dtype)]
 
 
 group_p.def_abstract_eval(_abstract_eval)

@@ -29,7 +29,7 @@ from jax._src import dispatch  # apply_primitive: eager evaluation through the l
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import cuda_lowering, manual_axes, reference
+from . import cuda_lowering, mesh_axes, reference
 from .call import Call, Output, Term, num_edges, output_shape, prune_inputs
 from .graph import sort_edges
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
@@ -50,16 +50,17 @@ def bind(call: Call, inputs, indices=None, schedules=None, *, backend="auto"):
 
 
 def _bind(args, call: Call, backend):
-    """``cgtp_p.bind`` on ``args`` made to vary over the same manual axes (:mod:`.manual_axes`)."""
-    return cgtp_p.bind(*manual_axes.match(args), call=call, backend=backend)
+    """``cgtp_p.bind`` on ``args`` made to vary over the same manual axes (:mod:`.mesh_axes`)."""
+    return cgtp_p.bind(*mesh_axes.match(args), call=call, backend=backend)
 
 
 def _abstract_eval(*avals, call, backend):
     del backend
+    mesh_axes.check_not_explicitly_sharded(avals)
     edges = num_edges(call, [a.shape for a in avals])
     dtype = avals[0].dtype
-    varying = max(avals, key=lambda a: len(manual_axes.varying_axes(a)))  # all alike once bound
-    return [manual_axes.shaped_like(varying, output_shape(call, o.role, edges), dtype) for o in call.outputs]
+    varying = max(avals, key=lambda a: len(mesh_axes.varying_axes(a)))  # all alike once bound
+    return [mesh_axes.shaped_like(varying, output_shape(call, o.role, edges), dtype) for o in call.outputs]
 
 
 cgtp_p.def_abstract_eval(_abstract_eval)

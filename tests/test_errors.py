@@ -125,3 +125,23 @@ def test_mismatched_dtypes(tp):
 def test_bad_filter_ir_out():
     with pytest.raises(ValueError, match=r"filter_ir_out: expected irreps"):
         jax_cgtp.channelwise_tensor_product("2x0e", "0e", filter_ir_out=["0e", "zz"])
+
+
+def test_operands_sharded_over_an_explicit_mesh_axis():
+    """Explicit sharding (the types carry each array's sharding) has no rule in jax_cgtp: the error says
+    what to use instead. Arrays replicated over such a mesh run as usual."""
+    import jax
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    tp = make()
+    conv = jax_cgtp.TensorProductConv(*GOOD)
+    x, y, w = jnp.ones((6, 16)), jnp.ones((6, 4)), jnp.ones(tp.weight_numel)
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(AxisType.Explicit,))
+    with jax.set_mesh(mesh):
+        assert jax.jit(tp)(x, y, w).shape == (6, 16)
+        rows = jax.device_put(x, NamedSharding(mesh, PartitionSpec("data")))
+        with pytest.raises(NotImplementedError, match=r"sharded over the explicit mesh axes \['data'\].*jax.shard_map"):
+            jax.jit(tp)(rows, y, w)
+        src = jax.device_put(jnp.arange(6) % 3, NamedSharding(mesh, PartitionSpec("data")))
+        with pytest.raises(NotImplementedError, match="explicit mesh axes"):
+            jax.jit(lambda *a: conv(*a, num_nodes=3))(x[:3], y, jnp.ones((6, conv.weight_numel)), src, src)

@@ -1,0 +1,64 @@
+"""The primitives on a mesh of devices: the mesh axes their operands and results are typed with.
+
+* Manual axes (inside ``jax.shard_map``). With ``check_vma=True`` (shard_map's default) JAX types
+  every value with the manual axes it varies over (``{V:data}``). A primitive's operands must vary
+  over the same axes, and its results vary over them too. :func:`match` casts the operands that
+  vary over fewer axes (a parameter replicated on every device next to per-device features) to
+  varying, as ``lax``'s binary operations do; the cast's transpose then sums that operand's
+  cotangent over the devices. Outside shard_map nothing varies and nothing changes.
+* Explicit axes (``jax.sharding.AxisType.Explicit``, where the types carry each array's sharding):
+  the primitives have no sharding rule for them, so :func:`check_not_explicitly_sharded` refuses
+  operands sharded over such an axis with an error that says what to do instead.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+
+def varying_axes(aval) -> frozenset:
+    """The manual mesh axes ``aval`` varies over (empty outside shard_map)."""
+    manual = getattr(aval, "manual_axis_type", None)
+    if manual is not None:
+        return frozenset(manual.varying)
+    return frozenset(getattr(aval, "vma", ()))
+
+
+def _cast_to_varying(x, axes: tuple):
+    pcast = getattr(jax.lax, "pcast", None)
+    return pcast(x, axes, to="varying") if pcast is not None else jax.lax.pvary(x, axes)
+
+
+def match(args) -> list:
+    """``args``, each cast to vary over every manual axis that any of them varies over."""
+    axes = [varying_axes(jax.typeof(a)) for a in args]
+    union = frozenset().union(*axes)
+    return [_cast_to_varying(a, tuple(sorted(union - mine))) if union - mine else a for a, mine in zip(args, axes)]
+
+
+def shaped_like(aval, shape, dtype) -> jax.core.ShapedArray:
+    """An array type of ``shape`` and ``dtype`` that varies over the manual axes ``aval`` varies over
+    (replicated over the mesh's other axes)."""
+    if not varying_axes(aval):
+        return jax.core.ShapedArray(shape, dtype)
+    return aval.update(shape=tuple(shape), dtype=dtype, weak_type=False,
+                       sharding=NamedSharding(aval.sharding.mesh, PartitionSpec()))
+
+
+def check_not_explicitly_sharded(avals) -> None:
+    """Raise ``NotImplementedError`` if any of ``avals`` is sharded over an explicit mesh axis."""
+    for aval in avals:
+        sharding = getattr(aval, "sharding", None)
+        mesh = getattr(sharding, "mesh", None)
+        if mesh is None or mesh.empty:
+            continue
+        explicit = {name for name, kind in zip(mesh.axis_names, mesh.axis_types) if kind == AxisType.Explicit}
+        used = {axis for entry in sharding.spec if entry is not None
+                for axis in (entry if isinstance(entry, tuple) else (entry,))}
+        if used & explicit:
+            raise NotImplementedError(
+                f"jax_cgtp: an operand of type {aval} is sharded over the explicit mesh axes "
+                f"{sorted(used & explicit)}; jax_cgtp's operations have no sharding rule for explicit axes. "
+                "Split the data with jax.shard_map (each device its own rows or graph), or shard over "
+                "axes of type AxisType.Auto, where XLA places each call")

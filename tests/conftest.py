@@ -9,6 +9,12 @@ from jax_cgtp import cuda_lowering
 jax.config.update("jax_enable_x64", True)
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked ``slow_compile`` first (stable order otherwise): pytest-xdist hands tests out in
+    collection order, so they start early on every worker instead of ending the run last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow_compile") is None)
+
+
 @pytest.fixture
 def lower_for_sm90(monkeypatch, tmp_path):
     """Lower for an H100/H200 that is not attached, with a fresh kernel cache."""

@@ -56,6 +56,7 @@ SEEDS_64 = tuple(range(30))
 SEEDS_32 = tuple(range(0, 30, 3))
 
 
+@pytest.mark.slow_compile  # the first test of a worker compiles all 30 problems' kernels
 @pytest.mark.parametrize("index", range(len(SEEDS_64)))
 def test_every_member_matches_reference_float64(index):
     cuda, reference, args = compiled_cases(jnp.float64, SEEDS_64)[index]
@@ -146,7 +147,8 @@ def test_auto_with_shared_uvw_weights_matches_reference(dtype):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-@pytest.mark.parametrize("pairing", [spherical_harmonics_pair, high_l_pair, long_code_pair, fully_connected_pair])
+@pytest.mark.parametrize("pairing", [spherical_harmonics_pair, high_l_pair,
+                                     pytest.param(long_code_pair, marks=pytest.mark.slow_compile), fully_connected_pair])
 def test_joint_passes_and_weight_streams_match_reference(pairing, dtype):
     """Spherical-harmonics paths: forward, fused backward and ȳ alone run as joint passes (``uvu``;
     with l = 4 harmonics each path of the forward loads its y components and float64 loads a wide
@@ -251,6 +253,7 @@ def test_high_l_convolution_matches_reference(dtype, deterministic):
     _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 
+@pytest.mark.slow_compile
 @pytest.mark.parametrize("dtype, deterministic", [(jnp.float64, False), (jnp.float64, True), (jnp.float32, False)])
 def test_convolution_with_long_code_matches_reference(dtype, deterministic):
     """l <= 5 harmonics (4,885 CG nonzeros): the walks by destination (and by source) take each

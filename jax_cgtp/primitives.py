@@ -59,8 +59,8 @@ def _abstract_eval(*avals, call, backend):
     mesh_axes.check_not_explicitly_sharded(avals)
     edges = num_edges(call, [a.shape for a in avals])
     dtype = avals[0].dtype
-    varying = max(avals, key=lambda a: len(mesh_axes.varying_axes(a)))  # all alike once bound
-    return [mesh_axes.shaped_like(varying, output_shape(call, o.role, edges), dtype) for o in call.outputs]
+    # _bind gives every operand the same manual axes: the results vary over the first one's
+    return [mesh_axes.shaped_like(avals[0], output_shape(call, o.role, edges), dtype) for o in call.outputs]
 
 
 cgtp_p.def_abstract_eval(_abstract_eval)

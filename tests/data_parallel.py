@@ -9,13 +9,17 @@ shard_map the loss and ``theta``'s gradient are sums over the devices; ``x``'s g
 its device.
 
 ``python data_parallel.py`` (from ``tests/``) runs :func:`errors` on every device of JAX's default
-backend and prints them as JSON; ``test_shard_map.py`` runs it on two host devices.
+backend and prints them as JSON; ``test_shard_map.py`` runs it on two host devices
+(:func:`on_two_host_devices`).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -120,6 +124,16 @@ def errors(devices=None, dtype=jnp.float64, *, deterministic=False, sorted_graph
             for label, got, want in zip(("loss", "theta", "x"), run, expected):
                 result[f"{prefix}{name}_{label}"] = relative_error(got, want)
     return result
+
+
+def on_two_host_devices(argv: list[str], cwd):
+    """The JSON that ``python argv...`` prints last, run in ``cwd`` by a fresh process on two CPU
+    devices (JAX fixes the number of host devices when it starts); fails with its stderr."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2")
+    run = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -2,10 +2,7 @@
 
 import functools
 import importlib.util
-import json
-import os
 import pathlib
-import subprocess
 import sys
 
 import e3nn_jax as e3nn
@@ -22,6 +19,7 @@ import bench_e2e  # noqa: E402
 import md  # noqa: E402
 import potential  # noqa: E402
 import train  # noqa: E402
+from data_parallel import on_two_host_devices  # noqa: E402
 
 SMOKE = dict(channels=4, lmax=1, num_layers=2, cutoff=3.0, num_basis=4, radial_hidden=(8,))
 
@@ -165,12 +163,7 @@ print(json.dumps({"loss": abs(float(value) - float(np.mean(values))) / float(np.
 def test_train_example_data_parallel_step_averages_the_devices_gradients():
     """``make_train_step`` over two host devices (a fresh process: JAX fixes their number when it
     starts) against one device stepping with the two batches' mean gradient."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2")
-    run = subprocess.run([sys.executable, "-c", DATA_PARALLEL_STEP], cwd=EXAMPLES, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    errors = json.loads(run.stdout.strip().splitlines()[-1])
+    errors = on_two_host_devices(["-c", DATA_PARALLEL_STEP], EXAMPLES)
     assert errors["loss"] < 1e-12 and errors["params"] < 1e-10, errors
 
 

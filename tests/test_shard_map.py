@@ -6,22 +6,13 @@ JAX fixes the number of host devices when it starts, so the step runs in a fresh
 ``test_gpu.py`` runs the same step on the kernels.
 """
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
-TESTS = pathlib.Path(__file__).resolve().parent
+from data_parallel import on_two_host_devices
 
 
 def test_data_parallel_step_on_two_host_devices_matches_each_device_alone():
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2")
-    run = subprocess.run([sys.executable, "data_parallel.py"], cwd=TESTS, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    results = json.loads(run.stdout.strip().splitlines()[-1])
+    results = on_two_host_devices(["data_parallel.py"], pathlib.Path(__file__).resolve().parent)
     assert len(results) == 2  # atomic on src/dst, deterministic on a sorted graph
     for result in results:
         assert result.pop("devices") == ["cpu:0", "cpu:1"]

@@ -14,7 +14,8 @@
 #   --skip-tests     [SKIP_TESTS=1]   do not run pytest -m gpu
 #   --skip-bench     [SKIP_BENCH=1]   set up (and test) only
 #   --pytest-args S  [PYTEST_ARGS]    pytest arguments of the main test run (default tests/test_gpu.py),
-#                                     word-split: no quoted -k expressions
+#                                     word-split: no quoted -k expressions (use --pytest-k)
+#   --pytest-k EXPR  [PYTEST_K]       the main run's -k expression (default "not thirty_million")
 #   --workers N      [PYTEST_WORKERS] pytest-xdist workers sharing the GPU for the main run (default 4)
 #   --skip-large     [SKIP_LARGE=1]   do not run the 30M-edge tests (their own run, one at a time,
 #                                     stopped after LARGE_SECONDS, default 240)
@@ -25,6 +26,9 @@
 #   --seconds N      [SESSION_SECONDS] the call's time limit (default 570): the benchmark starts no
 #                    new group of rows after N - 90 s from the start of this script, so its
 #                    files are written before the device tool stops the call
+#   --sharding       [RUN_SHARDING=1] after the tests, run python -m benchmarks.edge_sharding (a convolution on
+#                                     one GPU against its edges split across all of them; needs two GPUs or
+#                                     more) with SHARDING_ARGS (word-split), writing edge-sharding.json/txt
 #   --base DIR       [BASE_TREE]      A/B in one call: DIR is a plain copy of another commit's tree
 #                                     (git archive REV | tar -x -C .ab/base; carry .ab too), built and
 #                                     benchmarked first, jax_cgtp alone (and jax_cgtp_det where --libs
@@ -43,14 +47,14 @@
 # --skip-bench, needs what this script exports: PYTHONPATH=$SITE plus OpenEquivariance's source
 # directory ($OEQ_SRC/openequivariance-*), and OEQ_NOTORCH=1; without them oeq is reported missing.
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
-# gpu-tests-large.log, e2e.txt, bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png,
+# gpu-tests-large.log, e2e.txt, edge-sharding.json, edge-sharding.txt, bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png,
 # bench-TAG-base.json, bench-TAG-base.txt, ncu.txt (pass -- --no-plots to drop the two PNGs).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 
 PHASES=${BENCH_PHASES:-}; CONFIGS=${BENCH_CONFIGS:-}; DTYPES=${BENCH_DTYPES:-}; LIBS=${BENCH_LIBS:-}
-TAG=${BENCH_TAG:-}; SESSION_SECONDS=${SESSION_SECONDS:-570}; SKIP_TESTS=${SKIP_TESTS:-0}; SKIP_BENCH=${SKIP_BENCH:-0}; PYTEST_ARGS=${PYTEST_ARGS:-}
-PYTEST_WORKERS=${PYTEST_WORKERS:-4}; SKIP_LARGE=${SKIP_LARGE:-0}; RUN_E2E=${RUN_E2E:-0}
+TAG=${BENCH_TAG:-}; SESSION_SECONDS=${SESSION_SECONDS:-570}; SKIP_TESTS=${SKIP_TESTS:-0}; SKIP_BENCH=${SKIP_BENCH:-0}; PYTEST_ARGS=${PYTEST_ARGS:-}; PYTEST_K=${PYTEST_K:-}
+PYTEST_WORKERS=${PYTEST_WORKERS:-4}; SKIP_LARGE=${SKIP_LARGE:-0}; RUN_E2E=${RUN_E2E:-0}; RUN_SHARDING=${RUN_SHARDING:-0}
 BASE_TREE=${BASE_TREE:-}; NCU_SPECS=${NCU_SPECS:-}
 EXTRA=()
 while [ $# -gt 0 ]; do
@@ -63,10 +67,12 @@ while [ $# -gt 0 ]; do
     --skip-tests) SKIP_TESTS=1; shift ;;
     --skip-bench) SKIP_BENCH=1; shift ;;
     --pytest-args) PYTEST_ARGS=$2; shift 2 ;;
+    --pytest-k) PYTEST_K=$2; shift 2 ;;
     --seconds) SESSION_SECONDS=$2; shift 2 ;;
     --workers) PYTEST_WORKERS=$2; shift 2 ;;
     --skip-large) SKIP_LARGE=1; shift ;;
     --e2e) RUN_E2E=1; shift ;;
+    --sharding) RUN_SHARDING=1; shift ;;
     --base) BASE_TREE=$2; shift 2 ;;
     --ncu) NCU_SPECS=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
@@ -164,9 +170,12 @@ if [ "$SKIP_TESTS" != 1 ]; then
   # The workers share the GPU: each allocates what it uses instead of a fixed fraction.
   step "pytest -m gpu, $PYTEST_WORKERS workers, without the 30M-edge tests (log: gpu-tests.log)"
   # shellcheck disable=SC2086
-  XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -m gpu -q -p no:cacheprovider --durations=25 \
-    -n "$PYTEST_WORKERS" -k "not thirty_million" ${PYTEST_ARGS:-tests/test_gpu.py} 2>&1 \
-    | tee "$OUT/gpu-tests.log" | tail -n 40
+  # One line per test (-v), and interrupted (SIGINT) 30 s before the call's limit: pytest still
+  # writes its summary, and the log names every test that ended.
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -s INT "$(( SESSION_SECONDS - 30 - SECONDS ))" \
+    python3 -m pytest -m gpu -v -p no:cacheprovider --durations=25 \
+    -n "$PYTEST_WORKERS" -k "${PYTEST_K:-not thirty_million}" ${PYTEST_ARGS:-tests/test_gpu.py} 2>&1 \
+    | tee "$OUT/gpu-tests.log" | grep -v "PASSED\|SKIPPED" | tail -n 40
   tests_rc=${PIPESTATUS[0]}
   echo "pytest -m gpu exit status $tests_rc" | tee -a "$SETUP"
   if [ "$SKIP_LARGE" != 1 ]; then
@@ -183,6 +192,13 @@ if [ "$RUN_E2E" = 1 ]; then
   step "examples/bench_e2e.py (log: e2e.txt)"
   (cd examples && timeout "${E2E_SECONDS:-300}" python3 bench_e2e.py ${E2E_ARGS:-}) 2>&1 | tee "$OUT/e2e.txt" | tail -n 20
   echo "bench_e2e exit status ${PIPESTATUS[0]}" | tee -a "$SETUP"
+fi
+
+if [ "$RUN_SHARDING" = 1 ]; then
+  step "python3 -m benchmarks.edge_sharding ${SHARDING_ARGS:-} (log: edge-sharding.txt)"
+  # shellcheck disable=SC2086
+  python3 -m benchmarks.edge_sharding --out "$OUT/edge-sharding" ${SHARDING_ARGS:-} 2>&1 | tail -n 30
+  echo "edge_sharding exit status ${PIPESTATUS[0]}" | tee -a "$SETUP"
 fi
 
 bench_rc=0

@@ -182,17 +182,16 @@ def ffi_launch(image, image_id: int, name: str, args, shapes, *, grid: int, bloc
     )
 
 
-def lowering(reference_rule):
-    """The CUDA lowering rule; ``backend="reference"`` calls, and the calls :func:`runs_on_xla`
-    picks, use ``reference_rule`` instead."""
-    from jax.interpreters import mlir
+def outputs(reference_outputs):
+    """``outputs(call, backend, *args)`` on an NVIDIA GPU: the generated kernels' (:func:`launch`), or
+    ``reference_outputs``' for ``backend="reference"`` calls and the calls :func:`runs_on_xla` picks."""
 
-    def rule(ctx, *args, call, backend):
+    def outputs_on_gpu(call: Call, backend: str, *args):
         if backend == "reference" or runs_on_xla(call, backend):
-            return reference_rule(ctx, *args, call=call, backend=backend)
-        return mlir.lower_fun(functools.partial(launch, call), multiple_results=True)(ctx, *args)
+            return reference_outputs(call, backend, *args)
+        return launch(call, *args)
 
-    return rule
+    return outputs_on_gpu
 
 
 def _calls_in(jaxpr):

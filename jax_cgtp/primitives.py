@@ -29,7 +29,7 @@ from jax._src import dispatch  # apply_primitive: eager evaluation through the l
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import cuda_lowering, mesh_axes, reference
+from . import cuda_lowering, mesh_axes, partitioning, reference
 from .call import Call, Output, Term, num_edges, output_shape, prune_inputs
 from .graph import sort_edges
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
@@ -37,6 +37,8 @@ from .operands import BATCHED, INDEXED, OPERANDS, SHARED
 cgtp_p = Primitive("cgtp")
 cgtp_p.multiple_results = True
 cgtp_p.def_impl(functools.partial(dispatch.apply_primitive, cgtp_p))
+# its lowering reads the devices, to split a call across them (partitioning.across_devices)
+dispatch.prim_requires_devices_during_lowering.add(cgtp_p)
 
 
 def bind(call: Call, inputs, indices=None, schedules=None, *, backend="auto"):
@@ -256,13 +258,14 @@ def reference_outputs(call: Call, *args):
     return results
 
 
-def _reference_lowering(*args, call, backend):
+def _reference_lowering(call: Call, backend: str, *args):
     if backend == "cuda":
         raise ValueError("backend='cuda' needs the computation to be lowered for an NVIDIA GPU; "
                          "use backend='auto' to fall back to the reference path elsewhere")
     return reference_outputs(call, *args)
 
 
-_reference_rule = mlir.lower_fun(_reference_lowering, multiple_results=True)
-mlir.register_lowering(cgtp_p, _reference_rule)
-mlir.register_lowering(cgtp_p, cuda_lowering.lowering(_reference_rule), platform="cuda")
+reference_rule = partitioning.lowering_rule(_reference_lowering)
+mlir.register_lowering(cgtp_p, reference_rule)
+mlir.register_lowering(cgtp_p, partitioning.lowering_rule(cuda_lowering.outputs(_reference_lowering)),
+                       platform="cuda")

@@ -56,17 +56,24 @@ def inputs(devices: int, dtype, seed: int = 0):
     return theta, x, pos, src, dst
 
 
-def energy(pos, x, theta, src, dst, *, deterministic, backend, sorted_graph):
-    conv, node_tp = modules(deterministic, backend)
-    vectors = pos[src] - pos[dst] + jnp.array([0.1, 0.0, 0.0], pos.dtype)  # never zero (self-loops)
+def directions(vectors):
+    """``0e + 1o`` features of ``vectors (rows, 3)``: one, and the unit vector."""
     r = jnp.sqrt(jnp.sum(vectors**2, axis=-1))
-    y = jnp.concatenate([jnp.ones_like(r)[:, None], vectors / r[:, None]], axis=-1)
+    return jnp.concatenate([jnp.ones_like(r)[:, None], vectors / r[:, None]], axis=-1), r
+
+
+def energy(pos, x, theta, src, dst, *, deterministic, backend, sorted_graph):
+    """A convolution over the edges (weights from the edge lengths), then a node-wise product with
+    each node's direction from a fixed point."""
+    conv, node_tp = modules(deterministic, backend)
+    y, r = directions(pos[src] - pos[dst] + jnp.array([0.1, 0.0, 0.0], pos.dtype))  # never zero (self-loops)
     w = jnp.stack([jnp.cos(r), jnp.sin(r), r, r**2], axis=-1) @ theta
     if sorted_graph:
-        nodes = conv(x, y, w, graph=jax_cgtp.sort_graph(src, dst, NODES))
+        nodes = conv(x, y, w, graph=jax_cgtp.sort_graph(src, dst, x.shape[0]))
     else:
-        nodes = conv(x, y, w, src, dst, num_nodes=NODES)
-    h = node_tp(nodes, y[:NODES], jnp.ones(node_tp.weight_numel, pos.dtype))
+        nodes = conv(x, y, w, src, dst, num_nodes=x.shape[0])
+    attributes, _ = directions(pos - jnp.array([0.3, -0.2, 0.1], pos.dtype))
+    h = node_tp(nodes, attributes, jnp.ones(node_tp.weight_numel, pos.dtype))
     return jnp.sum(h**2) + jnp.sum(nodes[:, :8] ** 2)
 
 

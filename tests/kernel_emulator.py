@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jax.interpreters import mlir
 
-from jax_cgtp import codegen, cuda_lowering, grouping, primitives
+from jax_cgtp import codegen, cuda_lowering, grouping, partitioning, primitives
 
 HEADER = pathlib.Path(__file__).with_name("cuda_host_emulation.h")
 COMPILER = shutil.which("g++")
@@ -162,10 +162,13 @@ def run_grouping_kernel(name: str, args, shapes, *, grid: int, edges: int, rows:
     return jax.pure_callback(host, shapes, *args)
 
 
-def _lowering(ctx, *args, call, backend):
+def _outputs(call, backend, *args):
     if backend == "reference":
-        return primitives._reference_rule(ctx, *args, call=call, backend=backend)
-    return mlir.lower_fun(functools.partial(cuda_lowering.launch, call), multiple_results=True)(ctx, *args)
+        return primitives.reference_outputs(call, *args)
+    return cuda_lowering.launch(call, *args)
+
+
+_lowering = partitioning.lowering_rule(_outputs)
 
 
 @contextlib.contextmanager
@@ -180,6 +183,6 @@ def emulated_kernels():
         yield
     finally:
         cuda_lowering.run_kernel, grouping.run_kernel = originals
-        mlir.register_lowering(primitives.cgtp_p, primitives._reference_rule, platform="cpu")
+        mlir.register_lowering(primitives.cgtp_p, primitives.reference_rule, platform="cpu")
         mlir.register_lowering(grouping.group_p, grouping.lowering, platform="cpu")
         jax.clear_caches()

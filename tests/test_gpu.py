@@ -20,6 +20,7 @@ from family_members import (assert_close, conv_members, conv_second_derivatives,
 from random_problems import random_inputs, random_problem
 
 import data_parallel
+import edge_sharded
 
 import jax_cgtp
 from jax_cgtp.cuda_lowering import precompile
@@ -464,6 +465,22 @@ def test_data_parallel_step_on_every_gpu(deterministic):
                                   sorted_graph=deterministic, backend="cuda")
     assert len(result.pop("devices")) >= 2
     assert all(error < 1e-12 for error in result.values()), result
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_edges_sharded_by_jit_run_on_each_gpu(dtype):
+    """jit over one graph's edges sharded across the GPUs: each GPU runs the kernels on its edges
+    (no all-gather in the executable), node outputs summed over the GPUs; the convolution's
+    training step (atomic, deterministic) and the product's gradients match one GPU and the
+    reference, and all but the atomic convolution repeat bitwise."""
+    result = edge_sharded.report(jax.devices("gpu"), dtype, backend="cuda")
+    assert len(result.pop("devices")) >= 2
+    tolerance = 1e-12 if dtype == jnp.float64 else 1e-5
+    for name, run in result.items():
+        assert run["partitioned"] and run["all_gathers"] == 0, (name, run)
+        assert run["repeatable"] or name == "conv_atomic", (name, run)
+        assert run["alone"] < tolerance and run["reference"] < tolerance, (name, run)
 
 
 @needs_two_gpus

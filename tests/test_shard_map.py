@@ -1,9 +1,9 @@
-"""The primitives inside ``jax.shard_map`` and ``jax.pmap``: a data-parallel training step on two host
-devices.
+"""The primitives on two host devices: a data-parallel training step inside ``jax.shard_map`` and
+``jax.pmap``, and one graph's edges split across the devices by ``jax.jit``.
 
-JAX fixes the number of host devices when it starts, so the step runs in a fresh process
-(``data_parallel.py`` with ``--xla_force_host_platform_device_count=2``). On a machine with two GPUs
-``test_gpu.py`` runs the same step on the kernels.
+JAX fixes the number of host devices when it starts, so each runs in a fresh process
+(``data_parallel.py``, ``edge_sharded.py`` with ``--xla_force_host_platform_device_count=2``). On a
+machine with two GPUs ``test_gpu.py`` runs the same on the kernels.
 """
 
 import pathlib
@@ -17,3 +17,15 @@ def test_data_parallel_step_on_two_host_devices_matches_each_device_alone():
     for result in results:
         assert result.pop("devices") == ["cpu:0", "cpu:1"]
         assert all(error < 1e-12 for error in result.values()), result
+
+
+def test_edges_sharded_by_jit_run_on_each_device_and_match_one_device():
+    """Under jit over edges sharded across the devices, every call is lowered for XLA to split
+    (each device its edges, node outputs summed over the devices): no all-gather, the results of
+    one device and of the reference, bitwise repeatable."""
+    result = on_two_host_devices(["edge_sharded.py"], pathlib.Path(__file__).resolve().parent)
+    assert result.pop("devices") == ["cpu:0", "cpu:1"]
+    assert set(result) == {"conv_atomic", "conv_deterministic", "product_per_row", "product_shared"}
+    for name, run in result.items():
+        assert run["partitioned"] and run["repeatable"] and run["all_gathers"] == 0, (name, run)
+        assert run["alone"] < 1e-12 and run["reference"] < 1e-12, (name, run)

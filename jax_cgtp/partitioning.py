@@ -1,0 +1,166 @@
+"""A ``cgtp`` call split across devices by ``jax.jit`` (XLA's SPMD partitioner, mesh axes of type Auto).
+
+Without a rule, XLA cannot see into a custom call: it gathers every operand onto every device and
+runs the whole call on each. :func:`across_devices` gives the call a ``custom_partitioning`` rule
+instead, along the edge axis (the rows of a product without indices):
+
+* the edge axis of every per-edge array (BATCHED operands and outputs, index arrays, the ``perm``
+  of an ordering) is split over the mesh axes of the first per-edge operand whose edge axis is
+  sharded, when they divide the edge count (otherwise the call runs whole on every device);
+* node arrays (INDEXED operands), SHARED weights and the ``offsets`` of an ordering are replicated;
+* each device runs the call on its edges; an output summed over edges (INDEXED: a scatter into
+  nodes; SHARED: a shared weight's gradient) is then summed over the devices (``psum``);
+* a call that carries an edge ordering orders its own edges again: the deterministic variant with
+  :func:`~jax_cgtp.graph.sort_edges`, the atomic walks with :func:`~jax_cgtp.grouping.group_edges`.
+  The global ordering it was given is not read (XLA drops its computation where nothing else uses
+  it). A deterministic call stays deterministic: the same edges on each device, the same sum.
+
+Inside ``jax.shard_map`` (every axis manual), under ``pmap`` and on one device, the call is lowered
+as it is. ``JAX_CGTP_PARTITIONING=0``, set when a function is lowered, turns the rule off (XLA then
+runs each call whole on every device, as it does for any custom call it cannot see into).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import jax
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .call import Call
+from .graph import sort_edges
+from .operands import BATCHED, INDEXED
+
+# The leading axis of each flat argument or output of a call
+EDGES, NODES, WHOLE = "edges", "nodes", "whole"
+
+
+def spans_devices(ctx) -> bool:
+    """Whether the lowering context is XLA's SPMD partitioning over more than one device."""
+    from jax._src.sharding_impls import ShardingContext
+
+    context = ctx.module_context.axis_context
+    devices = getattr(context, "device_assignment", None) if isinstance(context, ShardingContext) else None
+    return devices is not None and len(devices) > 1
+
+
+def argument_layouts(call: Call) -> tuple[tuple[str, int], ...]:
+    """``(leading axis, rank)`` of each flat argument of ``call``: its inputs, index arrays and
+    orderings (``perm`` over edges, ``offsets`` over nodes)."""
+    layouts = [_layout(call.kind(role)) for role in call.roles]
+    layouts += [(EDGES, 1)] * len(call.indexed_roles)
+    layouts += [(EDGES, 1), (WHOLE, 1)] * len(call.sorted_roles)
+    return tuple(layouts)
+
+
+def output_layouts(call: Call) -> tuple[tuple[str, int], ...]:
+    return tuple(_layout(call.kind(output.role)) for output in call.outputs)
+
+
+def _layout(kind: str) -> tuple[str, int]:
+    return {BATCHED: (EDGES, 2), INDEXED: (NODES, 2)}.get(kind, (WHOLE, 1))
+
+
+def sharding_rule(call: Call) -> tuple[str, dict]:
+    """The call's Shardy rule (einsum-like): one factor ``e`` for every edge axis, and a factor of
+    its own, kept whole, for every other dimension; ``e`` is a reduction factor when no output has
+    it."""
+    kept = []
+
+    def factors(layouts, prefix: str) -> list[str]:
+        named = []
+        for n, (layout, rank) in enumerate(layouts):
+            dims = [f"{prefix}{n}d{k}" for k in range(rank)]
+            if layout == EDGES:
+                dims[0] = "e"
+            kept.extend(d for d in dims if d != "e")
+            named.append(" ".join(dims))
+        return named
+
+    operands, results = factors(argument_layouts(call), "a"), factors(output_layouts(call), "r")
+    options = {"need_replication_factors": tuple(kept)}
+    if all(layout != EDGES for layout, _ in output_layouts(call)):
+        options["reduction_factors"] = ("e",)
+    return f"{', '.join(operands)} -> {', '.join(results)}", options
+
+
+def lowering_rule(outputs_of):
+    """The lowering rule of ``cgtp`` calls whose outputs are ``outputs_of(call, backend, *args)`` (a
+    list), split across devices under XLA's SPMD partitioning."""
+    from jax.interpreters import mlir
+
+    def rule(ctx, *args, call, backend):
+        fun = functools.partial(outputs_of, call, backend)
+        if spans_devices(ctx) and os.environ.get("JAX_CGTP_PARTITIONING", "1") != "0":
+            fun = across_devices(call, fun, backend)
+        return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
+
+    return rule
+
+
+def across_devices(call: Call, outputs_of, backend: str):
+    """``outputs_of(*args)`` (the list of the call's outputs) with the partitioning rule of this
+    module: a function of the call's flat arguments that returns a tuple."""
+    arg_layouts, out_layouts = argument_layouts(call), output_layouts(call)
+
+    @custom_partitioning
+    def run(*args):  # jit keeps the constants (CG coefficients) inside: custom_partitioning takes none
+        return tuple(jax.jit(outputs_of)(*args))
+
+    def edge_axes(mesh, arg_shapes):
+        """The mesh axes the edges are split over: the first sharded per-edge operand's, if they
+        divide the edge count (None: not split)."""
+        for shape, (layout, _) in zip(arg_shapes, arg_layouts):
+            spec = getattr(shape.sharding, "spec", ())
+            axes = spec[0] if layout == EDGES and len(spec) else None
+            if axes is not None:
+                axes = axes if isinstance(axes, tuple) else (axes,)
+                return None if shape.shape[0] % math.prod(mesh.shape[a] for a in axes) else axes
+        return None
+
+    def shardings(mesh, axes, layouts):
+        return tuple(NamedSharding(mesh, PartitionSpec(axes if layout == EDGES else None, *(None,) * (rank - 1)))
+                     for layout, rank in layouts)
+
+    def infer(mesh, arg_shapes, result_shape):
+        del result_shape
+        return shardings(mesh, edge_axes(mesh, arg_shapes), out_layouts)
+
+    def partition(mesh, arg_shapes, result_shape):
+        del result_shape
+        axes = edge_axes(mesh, arg_shapes)
+
+        def local(*args):
+            if axes is None:
+                return tuple(outputs_of(*args))
+            outputs = outputs_of(*_reordered(call, list(args), backend))
+            return tuple(o if layout == EDGES else jax.lax.psum(o, axes) for o, (layout, _) in zip(outputs, out_layouts))
+
+        return mesh, local, shardings(mesh, axes, out_layouts), shardings(mesh, axes, arg_layouts)
+
+    rule, options = sharding_rule(call)
+    run.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule, **options)
+    return run
+
+
+def _reordered(call: Call, args: list, backend: str) -> list:
+    """``args`` with each ordering recomputed from this device's edges."""
+    from .grouping import group_edges
+
+    _, indices, _ = call.split(args)
+    start = call.num_inputs + len(call.indexed_roles)
+    # The deterministic variant's calls carry every ordering (orderings None) and sum in the stable
+    # sort's order; the atomic convolution's forward over destination runs (deterministic, with
+    # ``dst``'s ordering named) walks a grouping, as its callers' do.
+    stable = call.deterministic and call.orderings is None
+    for k, role in enumerate(call.sorted_roles):
+        rows = call.row_count(role)
+        if stable:
+            ordering = sort_edges(indices[role], rows)
+        else:
+            ordering = group_edges(indices[role], rows, backend=backend)
+        args[start + 2 * k : start + 2 * k + 2] = ordering
+    return args

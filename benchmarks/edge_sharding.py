@@ -107,12 +107,12 @@ def main(argv=None) -> None:
             for phase in args.phases.split(","):
                 rows.append(measure(config, phase, dtype, args.edges or configs.EDGES[dtype], args.runs, args.warmup))
                 print(json.dumps(rows[-1]), flush=True)
+                if args.out:  # after every row, so that a run stopped early keeps its rows
+                    with open(f"{args.out}.json", "w") as f:
+                        json.dump(rows, f, indent=1)
+                    with open(f"{args.out}.txt", "w") as f:
+                        f.write(table(rows) + "\n")
     print(table(rows))
-    if args.out:
-        with open(f"{args.out}.json", "w") as f:
-            json.dump(rows, f, indent=1)
-        with open(f"{args.out}.txt", "w") as f:
-            f.write(table(rows) + "\n")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@
 #   --sharding       [RUN_SHARDING=1] after the tests, run python -m benchmarks.edge_sharding (a convolution on
 #                                     one GPU against its edges split across all of them; needs two GPUs or
 #                                     more) with SHARDING_ARGS (word-split), writing edge-sharding.json/txt
+#                                     after each row; stopped at --seconds
 #   --base DIR       [BASE_TREE]      A/B in one call: DIR is a plain copy of another commit's tree
 #                                     (git archive REV | tar -x -C .ab/base; carry .ab too), built and
 #                                     benchmarked first, jax_cgtp alone (and jax_cgtp_det where --libs
@@ -197,7 +198,8 @@ fi
 if [ "$RUN_SHARDING" = 1 ]; then
   step "python3 -m benchmarks.edge_sharding ${SHARDING_ARGS:-} (log: edge-sharding.txt)"
   # shellcheck disable=SC2086
-  python3 -m benchmarks.edge_sharding --out "$OUT/edge-sharding" ${SHARDING_ARGS:-} 2>&1 | tail -n 30
+  timeout "$(( SESSION_SECONDS - SECONDS ))" python3 -m benchmarks.edge_sharding --out "$OUT/edge-sharding" \
+    ${SHARDING_ARGS:-} 2>&1 | tail -n 30
   echo "edge_sharding exit status ${PIPESTATUS[0]}" | tee -a "$SETUP"
 fi
 

@@ -11,8 +11,9 @@ the same phase function as the table (:mod:`benchmarks.phases`), jitted three wa
   onto every device and runs each call whole there (what any custom call without a rule gets).
 
 Per-call milliseconds with calls queued back to back (:mod:`benchmarks.timing`), the ratios
-``one / split`` and ``whole / split``, and the largest relative difference of ``split``'s results
-from ``one``'s. Example: ``python -m benchmarks.edge_sharding --configs mace-l2-c128 --dtype float32``.
+``one / split`` and ``whole / split``, the all-gathers in each executable and its arrays that hold
+every edge's rows (leading dimension ``E``), and the largest relative difference of ``split``'s
+results from ``one``'s. Example: ``python -m benchmarks.edge_sharding --configs mace-l2-c128 --dtype float32``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -63,7 +65,9 @@ def measure(config: str, phase: str, dtype: str, edges: int, runs: int, warmup: 
         compiled = _compiled(fun, args, partitioning)
         results[way] = compiled(*args)
         row[f"{way}_ms"] = per_call_ms(time_compiled(compiled, args, warmup, runs))
-        row[f"{way}_all_gathers"] = compiled.as_text().count("all-gather(")
+        executable = compiled.as_text()
+        row[f"{way}_all_gathers"] = len(re.findall(r"all-gather(-start)?\(", executable))
+        row[f"{way}_all_edge_arrays"] = len(re.findall(rf"\[{edges},", executable))
     leaves = jax.tree_util.tree_leaves
     row["split_vs_one"] = max(float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
                               for a, b in zip(jax.device_get(leaves(results["split"])),
@@ -76,12 +80,13 @@ def measure(config: str, phase: str, dtype: str, edges: int, runs: int, warmup: 
 def table(rows: list[dict]) -> str:
     lines = [f"{len(rows[0]['devices'])} devices: {', '.join(rows[0]['devices'])}" if rows else "",
              "| config | phase | dtype | edges | one ms | split ms | whole ms | one / split | whole / split "
-             "| all-gathers (split, whole) | max rel. diff |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "| all-gathers (split, whole) | arrays of all edges (split, whole) | max rel. diff |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['phase']} | {r['dtype']} | {r['edges']} | {r['one_ms']:.3f} | "
                      f"{r['split_ms']:.3f} | {r['whole_ms']:.3f} | {r['one_over_split']:.2f}x | "
                      f"{r['whole_over_split']:.2f}x | {r['split_all_gathers']}, {r['whole_all_gathers']} | "
+                     f"{r['split_all_edge_arrays']}, {r['whole_all_edge_arrays']} | "
                      f"{r['split_vs_one']:.1e} |")
     return "\n".join(lines)
 

@@ -4,16 +4,16 @@ Without a rule, XLA cannot see into a custom call: it gathers every operand onto
 runs the whole call on each. :func:`across_devices` gives the call a ``custom_partitioning`` rule
 instead, along the edge axis (the rows of a product without indices):
 
-* the edge axis of every per-edge array (BATCHED operands and outputs, index arrays, the ``perm``
-  of an ordering) is split over the mesh axes of the first per-edge operand whose edge axis is
+* the edge axis of every per-edge array (BATCHED operands and outputs, index arrays) is split over the mesh axes of the first per-edge operand whose edge axis is
   sharded, when they divide the edge count (otherwise the call runs whole on every device);
-* node arrays (INDEXED operands), SHARED weights and the ``offsets`` of an ordering are replicated;
+* node arrays (INDEXED operands) and SHARED weights are replicated;
 * each device runs the call on its edges; an output summed over edges (INDEXED: a scatter into
   nodes; SHARED: a shared weight's gradient) is then summed over the devices (``psum``);
-* a call that carries an edge ordering orders its own edges again: the deterministic variant with
-  :func:`~jax_cgtp.graph.sort_edges`, the atomic walks with :func:`~jax_cgtp.grouping.group_edges`.
-  The global ordering it was given is not read (XLA drops its computation where nothing else uses
-  it). A deterministic call stays deterministic: the same edges on each device, the same sum.
+* a call that carries an edge ordering orders its own edges at each call: the deterministic variant
+  with :func:`~jax_cgtp.graph.sort_edges`, the atomic walks with :func:`~jax_cgtp.grouping.group_edges`.
+  The ordering it was given (a ``graph=`` sorted once, or the atomic call's grouping) is not an
+  operand of the partitioned call, so XLA drops its computation where nothing else uses it. A
+  deterministic call stays deterministic: the same edges on each device, the same sums.
 
 Inside ``jax.shard_map`` (every axis manual), under ``pmap`` and on one device, the call is lowered
 as it is. ``JAX_CGTP_PARTITIONING=0``, set when a function is lowered, turns the rule off (XLA then
@@ -39,21 +39,21 @@ EDGES, NODES, WHOLE = "edges", "nodes", "whole"
 
 
 def spans_devices(ctx) -> bool:
-    """Whether the lowering context is XLA's SPMD partitioning over more than one device."""
+    """Whether the lowering context is XLA's SPMD partitioning over more than one device of a mesh."""
     from jax._src.sharding_impls import ShardingContext
 
     context = ctx.module_context.axis_context
-    devices = getattr(context, "device_assignment", None) if isinstance(context, ShardingContext) else None
+    if not isinstance(context, ShardingContext) or context.abstract_mesh is None:
+        return False
+    devices = context.device_assignment
     return devices is not None and len(devices) > 1
 
 
 def argument_layouts(call: Call) -> tuple[tuple[str, int], ...]:
-    """``(leading axis, rank)`` of each flat argument of ``call``: its inputs, index arrays and
-    orderings (``perm`` over edges, ``offsets`` over nodes)."""
+    """``(leading axis, rank)`` of each input and index array of ``call`` (its flat arguments but
+    the orderings)."""
     layouts = [_layout(call.kind(role)) for role in call.roles]
-    layouts += [(EDGES, 1)] * len(call.indexed_roles)
-    layouts += [(EDGES, 1), (WHOLE, 1)] * len(call.sorted_roles)
-    return tuple(layouts)
+    return tuple(layouts + [(EDGES, 1)] * len(call.indexed_roles))
 
 
 def output_layouts(call: Call) -> tuple[tuple[str, int], ...]:
@@ -102,22 +102,24 @@ def lowering_rule(outputs_of):
 
 
 def across_devices(call: Call, outputs_of, backend: str):
-    """``outputs_of(*args)`` (the list of the call's outputs) with the partitioning rule of this
-    module: a function of the call's flat arguments that returns a tuple."""
+    """``outputs_of(*args)`` (the list of the call's outputs, from its flat arguments) with the
+    partitioning rule of this module. The call's orderings are not arguments of the partitioned
+    function: it orders the edges it gets itself, so that XLA drops the orderings it was given."""
     arg_layouts, out_layouts = argument_layouts(call), output_layouts(call)
+
+    def ordered(*args):
+        return tuple(outputs_of(*args, *_orderings(call, args, backend)))
 
     @custom_partitioning
     def run(*args):  # jit keeps the constants (CG coefficients) inside: custom_partitioning takes none
-        return tuple(jax.jit(outputs_of)(*args))
+        return jax.jit(ordered)(*args)
 
     def edge_axes(mesh, arg_shapes):
         """The mesh axes the edges are split over: the first sharded per-edge operand's, if they
         divide the edge count (None: not split)."""
         for shape, (layout, _) in zip(arg_shapes, arg_layouts):
-            spec = getattr(shape.sharding, "spec", ())
-            axes = spec[0] if layout == EDGES and len(spec) else None
-            if axes is not None:
-                axes = axes if isinstance(axes, tuple) else (axes,)
+            axes = _leading_axes(shape.sharding, mesh) if layout == EDGES else None
+            if axes:
                 return None if shape.shape[0] % math.prod(mesh.shape[a] for a in axes) else axes
         return None
 
@@ -134,33 +136,45 @@ def across_devices(call: Call, outputs_of, backend: str):
         axes = edge_axes(mesh, arg_shapes)
 
         def local(*args):
+            outputs = ordered(*args)
             if axes is None:
-                return tuple(outputs_of(*args))
-            outputs = outputs_of(*_reordered(call, list(args), backend))
+                return outputs
             return tuple(o if layout == EDGES else jax.lax.psum(o, axes) for o, (layout, _) in zip(outputs, out_layouts))
 
         return mesh, local, shardings(mesh, axes, out_layouts), shardings(mesh, axes, arg_layouts)
 
     rule, options = sharding_rule(call)
-    run.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule, **options)
-    return run
+    run.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                      decode_shardings=False, **options)
+    start = len(arg_layouts)
+    return lambda *args: run(*args[:start])
 
 
-def _reordered(call: Call, args: list, backend: str) -> list:
-    """``args`` with each ordering recomputed from this device's edges."""
+def _leading_axes(sharding, mesh) -> tuple:
+    """The mesh axes that split the leading dimension of an operand of ``sharding`` (an XLA sharding
+    of any kind: one that names no mesh axes, e.g. on one device, splits nothing)."""
+    from jax._src.sharding_impls import parse_flatten_op_sharding
+
+    try:
+        spec = parse_flatten_op_sharding(sharding._to_xla_hlo_sharding(1), mesh)[0]
+    except Exception:  # maximal (one device) or otherwise not a tiling of the mesh
+        return ()
+    axes = spec[0] if len(spec) else None
+    return () if axes is None else axes if isinstance(axes, tuple) else (axes,)
+
+
+def _orderings(call: Call, args, backend: str) -> list:
+    """The flat ``(perm, offsets)`` of each ordering ``call`` carries, from the index arrays in
+    ``args`` (the call's inputs and index arrays)."""
     from .grouping import group_edges
 
-    _, indices, _ = call.split(args)
-    start = call.num_inputs + len(call.indexed_roles)
+    indices = dict(zip(call.indexed_roles, args[call.num_inputs :]))
     # The deterministic variant's calls carry every ordering (orderings None) and sum in the stable
     # sort's order; the atomic convolution's forward over destination runs (deterministic, with
     # ``dst``'s ordering named) walks a grouping, as its callers' do.
     stable = call.deterministic and call.orderings is None
-    for k, role in enumerate(call.sorted_roles):
+    orderings = []
+    for role in call.sorted_roles:
         rows = call.row_count(role)
-        if stable:
-            ordering = sort_edges(indices[role], rows)
-        else:
-            ordering = group_edges(indices[role], rows, backend=backend)
-        args[start + 2 * k : start + 2 * k + 2] = ordering
-    return args
+        orderings += sort_edges(indices[role], rows) if stable else group_edges(indices[role], rows, backend=backend)
+    return orderings

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 import jax_cgtp
-from data_parallel import INSTRUCTIONS, IRREPS_X, IRREPS_Y, inputs, step
+from data_parallel import EDGES, INSTRUCTIONS, IRREPS_X, IRREPS_Y, inputs, step
 from family_members import relative_error
 
 
@@ -59,9 +60,10 @@ def _runs(devices, dtype, backend):
 
 def report(devices=None, dtype=jnp.float64, backend="auto") -> dict:
     """For each run: relative errors of the sharded results against the same function on one
-    device (``alone``) and on the reference backend (``reference``), the all-gathers in the
-    compiled executable, whether the calls were lowered for XLA to split (``partitioned``), and
-    whether two sharded runs agree bitwise (``repeatable``)."""
+    device (``alone``) and on the reference backend (``reference``); in the compiled executable,
+    the all-gathers and the arrays of every edge's rows (``all_edge_arrays``: shapes whose leading
+    dimension is the edge count); whether the calls were lowered for XLA to split
+    (``partitioned``), and whether two sharded runs agree bitwise (``repeatable``)."""
     devices = list(devices or jax.devices())
     result = {"devices": [str(d) for d in devices]}
     references = _runs(devices, dtype, "reference")
@@ -71,11 +73,14 @@ def report(devices=None, dtype=jnp.float64, backend="auto") -> dict:
         alone = fun(*jax.device_put(args, devices[0]))
         reference = jax.jit(references[name][0])(*args)
         leaves = jax.tree_util.tree_leaves
+        lowered = fun.lower(*placed)
+        executable = lowered.compile().as_text()
         result[name] = {
             "alone": max(relative_error(a, b) for a, b in zip(leaves(sharded), leaves(alone))),
             "reference": max(relative_error(a, b) for a, b in zip(leaves(sharded), leaves(reference))),
-            "all_gathers": fun.lower(*placed).compile().as_text().count("all-gather("),
-            "partitioned": "CustomSPMDPartitioning" in fun.lower(*placed).as_text(),
+            "all_gathers": len(re.findall(r"all-gather(-start)?\(", executable)),
+            "all_edge_arrays": len(re.findall(rf"\[{EDGES},", executable)),
+            "partitioned": "CustomSPMDPartitioning" in lowered.as_text(),
             "repeatable": all(np.array_equal(a, b) for a, b in zip(leaves(sharded), leaves(fun(*placed)))),
         }
     return result

@@ -3,7 +3,14 @@
 // Thin by design: Python generates and compiles the kernel and decides the launch shape; this
 // file binds buffers, loads the kernel image once per CUDA context (thread-safe cache), zeroes
 // the outputs that accumulate, caps the grid of a filling launch at the blocks the device holds
-// at once (the driver's occupancy), and launches. The CUDA driver is loaded lazily with dlopen, so
+// at once (the driver's occupancy), and launches.
+//
+// The kernel is loaded in XLA's initialize stage, before the executable enqueues any work, not
+// when it launches: on several GPUs a device's stream may by then run a collective (NCCL) kernel
+// that waits for the other devices, and loading a module (which allocates device memory) into
+// that context can wait for it, while another device's thread waits for the cache's lock before
+// it reaches the collective. A launch across two H100s hung that way at its first call (jax.jit
+// over edges split across them, float64 kernels loaded after the float32 ones had run). The CUDA driver is loaded lazily with dlopen, so
 // the extension builds without a CUDA toolkit and imports on machines without a GPU.
 //
 // Kernel signature expected by the launcher (see jax_cgtp/codegen.py): one pointer per operand
@@ -129,10 +136,15 @@ ffi::ErrorOr<LoadedKernel> LoadKernel(const Driver& d, CUcontext context,
                                       std::string_view name, int64_t block, int64_t shared_bytes) {
   KernelCache& cache = GetCache();
   auto key = std::make_tuple(context, image_id, std::string(name));
-  std::lock_guard<std::mutex> lock(cache.mutex);
-  auto found = cache.kernels.find(key);
-  if (found != cache.kernels.end()) return found->second;
-
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    auto found = cache.kernels.find(key);
+    if (found != cache.kernels.end()) return found->second;
+  }
+  // Loaded without the cache's lock: a load can wait for its device, and the other devices'
+  // threads must still find their kernels meanwhile. Two threads that load the same kernel into
+  // the same context at once both load it; the first to insert it wins (the other module stays
+  // loaded, unused).
   std::string bytes(image.begin(), image.end());
   CUmodule module = nullptr;
   if (CUresult s = d.cuModuleLoadData(&module, bytes.data()); s != 0) {
@@ -159,27 +171,47 @@ ffi::ErrorOr<LoadedKernel> LoadKernel(const Driver& d, CUcontext context,
     return ffi::Unexpected(DriverError(d, s, "cuDeviceGetAttribute"));
   }
   LoadedKernel loaded{function, static_cast<int64_t>(per_sm) * sms};
-  cache.kernels.emplace(std::move(key), loaded);
-  return loaded;
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return cache.kernels.emplace(std::move(key), loaded).first->second;
 }
 
+// The driver, with the context of `stream` made current (the context the kernel is cached for).
+ffi::ErrorOr<CUcontext> StreamContext(const Driver& d, CUstream stream) {
+  if (!d.load_error.empty()) return ffi::Unexpected(ffi::Error::Internal("jax_cgtp: " + d.load_error));
+  CUcontext context = nullptr;
+  if (CUresult s = d.cuStreamGetCtx(stream, &context); s != 0) {
+    return ffi::Unexpected(DriverError(d, s, "cuStreamGetCtx"));
+  }
+  CUcontext current = nullptr;
+  d.cuCtxGetCurrent(&current);
+  if (current != context) {
+    if (CUresult s = d.cuCtxSetCurrent(context); s != 0) return ffi::Unexpected(DriverError(d, s, "cuCtxSetCurrent"));
+  }
+  return context;
+}
+
+// Initialize stage: load the kernel into the stream's context (see the top of this file).
+ffi::Error Load(CUstream stream, ffi::RemainingArgs, ffi::RemainingRets, ffi::Span<const uint8_t> image,
+                int64_t image_id, std::string_view kernel, int64_t grid, int64_t block, int64_t shared_bytes,
+                ffi::Span<const int64_t>, ffi::Span<const int64_t>, int64_t, int64_t) {
+  if (grid == 0) return ffi::Error::Success();
+  const Driver& d = GetDriver();
+  auto context = StreamContext(d, stream);
+  if (context.has_error()) return context.error();
+  auto loaded = LoadKernel(d, *context, image, image_id, kernel, block, shared_bytes);
+  return loaded.has_error() ? loaded.error() : ffi::Error::Success();
+}
+
+// Execute stage: zero or poison the outputs, launch.
 ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                   ffi::Span<const uint8_t> image, int64_t image_id, std::string_view kernel,
                   int64_t grid, int64_t block, int64_t shared_bytes,
                   ffi::Span<const int64_t> scalars, ffi::Span<const int64_t> zero_outputs,
                   int64_t poison, int64_t fill) {
   const Driver& d = GetDriver();
-  if (!d.load_error.empty()) return ffi::Error::Internal("jax_cgtp: " + d.load_error);
-
-  CUcontext context = nullptr;
-  if (CUresult s = d.cuStreamGetCtx(stream, &context); s != 0) {
-    return DriverError(d, s, "cuStreamGetCtx");
-  }
-  CUcontext current = nullptr;
-  d.cuCtxGetCurrent(&current);
-  if (current != context) {
-    if (CUresult s = d.cuCtxSetCurrent(context); s != 0) return DriverError(d, s, "cuCtxSetCurrent");
-  }
+  auto stream_context = StreamContext(d, stream);
+  if (stream_context.has_error()) return stream_context.error();
+  CUcontext context = *stream_context;
 
   std::vector<void*> pointers;
   pointers.reserve(args.size() + rets.size());
@@ -222,21 +254,27 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets r
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxCgtpLaunch, Launch,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<CUstream>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<ffi::Span<const uint8_t>>("image")
-                                  .Attr<int64_t>("image_id")
-                                  .Attr<std::string_view>("kernel")
-                                  .Attr<int64_t>("grid")
-                                  .Attr<int64_t>("block")
-                                  .Attr<int64_t>("shared_bytes")
-                                  .Attr<ffi::Span<const int64_t>>("scalars")
-                                  .Attr<ffi::Span<const int64_t>>("zero_outputs")
-                                  .Attr<int64_t>("poison")
-                                  .Attr<int64_t>("fill"));
+// Both stages bind the same call frame: the buffers, then the launch's attributes.
+template <ffi::ExecutionStage stage>
+auto LaunchBinding() {
+  return ffi::Ffi::Bind<stage>()
+      .template Ctx<ffi::PlatformStream<CUstream>>()
+      .RemainingArgs()
+      .RemainingRets()
+      .template Attr<ffi::Span<const uint8_t>>("image")
+      .template Attr<int64_t>("image_id")
+      .template Attr<std::string_view>("kernel")
+      .template Attr<int64_t>("grid")
+      .template Attr<int64_t>("block")
+      .template Attr<int64_t>("shared_bytes")
+      .template Attr<ffi::Span<const int64_t>>("scalars")
+      .template Attr<ffi::Span<const int64_t>>("zero_outputs")
+      .template Attr<int64_t>("poison")
+      .template Attr<int64_t>("fill");
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxCgtpLoad, Load, LaunchBinding<ffi::ExecutionStage::kInitialize>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxCgtpLaunch, Launch, LaunchBinding<ffi::ExecutionStage::kExecute>());
 
 // Compute capability of CUDA device `ordinal` as major * 10 + minor (e.g. 90), for NVRTC's target.
 int ComputeCapability(int ordinal) {
@@ -257,8 +295,10 @@ NB_MODULE(_ffi, m) {
   m.doc() = "XLA FFI handlers of jax_cgtp (CUDA platform).";
   m.def("compute_capability", &ComputeCapability, nb::arg("ordinal") = 0);
   m.def("registrations", []() {
-    nb::dict targets;
-    targets["jax_cgtp_launch"] = nb::capsule(reinterpret_cast<void*>(JaxCgtpLaunch));
+    nb::dict stages, targets;
+    stages["initialize"] = nb::capsule(reinterpret_cast<void*>(JaxCgtpLoad));
+    stages["execute"] = nb::capsule(reinterpret_cast<void*>(JaxCgtpLaunch));
+    targets["jax_cgtp_launch"] = stages;
     return targets;
   });
 }

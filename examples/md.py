@@ -12,6 +12,11 @@ fixed, so the step never retraces. Prints the energy drift and steps per second.
     python examples/md.py --smoke                         # seconds on CPU
     python examples/md.py --system water --steps 1000     # 3,993 atoms, on a GPU
     python examples/md.py --system water --backend e3nn   # the same on e3nn-jax
+    python examples/md.py --system water --devices 2      # each step's edges split across two GPUs
+
+With ``--devices N`` the graph's edges are sharded over N devices (atoms replicated) and the same
+jitted step runs on all of them: each convolution runs on each device's edges and sums the atoms'
+rows over the devices (``jax_cgtp.partitioning``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from ase.md import velocitydistribution
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 import potential
@@ -75,6 +81,20 @@ class NeighbourList:
         return float(np.max(np.linalg.norm(positions - self.reference, axis=-1))) > self.skin / 2
 
 
+def place(graph: potential.Graph, devices: list) -> potential.Graph:
+    """``graph`` with its edges (``src``, ``dst``, ``shifts``) split across ``devices`` (mesh axis
+    ``edges``) and its atoms' arrays replicated; on one device, as it is."""
+    if len(devices) == 1:
+        return graph
+    edges = graph.src.shape[0]
+    if edges % len(devices):
+        raise ValueError(f"--devices: {len(devices)} devices do not divide the {edges} padded edges")
+    mesh = Mesh(np.array(devices), ("edges",), axis_types=(AxisType.Auto,))
+    split, whole = NamedSharding(mesh, PartitionSpec("edges")), NamedSharding(mesh, PartitionSpec())
+    return potential.Graph(*(jax.device_put(a, split if name in ("src", "dst", "shifts") else whole)
+                             for name, a in zip(potential.Graph._fields, graph)))
+
+
 def thermalize(atoms: ase.Atoms, temperature: float) -> None:
     """Maxwell-Boltzmann velocities at ``temperature`` K, zero total momentum."""
     rng = np.random.default_rng(0)
@@ -100,10 +120,11 @@ def make_step(model, params, masses):
     return step
 
 
-def run(name: str, atoms: ase.Atoms, model, params, args) -> dict:
+def run(name: str, atoms: ase.Atoms, model, params, args, devices: list) -> dict:
     thermalize(atoms, args.temperature)
     neighbours = NeighbourList(atoms, model.cutoff, args.skin)
     positions, graph = neighbours.build(atoms.positions)
+    graph = place(graph, devices)
     positions, velocities = jnp.asarray(positions), jnp.asarray(atoms.get_velocities())
     dtype = positions.dtype
     masses = jnp.asarray(atoms.get_masses(), dtype)[:, None]
@@ -123,7 +144,7 @@ def run(name: str, atoms: ase.Atoms, model, params, args) -> dict:
                 host = np.asarray(positions)
                 if neighbours.stale(host):
                     positions, graph = neighbours.build(host)
-                    positions = jnp.asarray(positions)
+                    positions, graph = jnp.asarray(positions), place(graph, devices)
                 bar.set_postfix(E=f"{float(total):.4f} eV")
     jax.block_until_ready(positions)
     elapsed = time.perf_counter() - start if start is not None else float("nan")
@@ -136,9 +157,11 @@ def run(name: str, atoms: ase.Atoms, model, params, args) -> dict:
         "drift_mev_per_atom": 1e3 * (totals[-1] - totals[0]) / len(atoms),
         "max_dev_mev_per_atom": 1e3 * float(np.max(np.abs(totals - totals[0]))) / len(atoms),
         "rebuilds": neighbours.rebuilds,
+        "devices": len(devices),
     }
     print(
-        f"{name}: {result['atoms']} atoms, {result['edges']} edges, {args.steps} steps of {args.dt} fs, "
+        f"{name}: {result['atoms']} atoms, {result['edges']} edges on {len(devices)} device(s), "
+        f"{args.steps} steps of {args.dt} fs, "
         f"{result['steps_per_s']:.1f} steps/s, energy drift {result['drift_mev_per_atom']:+.3g} meV/atom "
         f"(max deviation {result['max_dev_mev_per_atom']:.3g}), {result['rebuilds']} neighbour-list builds"
     )
@@ -157,17 +180,19 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--water-side", type=int, default=11, help="molecules per box side (11: 3,993 atoms)")
     parser.add_argument("--copper-repeat", type=int, default=8, help="cubic cells per side (8: 2,048 atoms)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--devices", type=int, default=1, help="split each step's edges across the first N devices")
     args = parser.parse_args(argv)
     if args.smoke:
         args.steps, args.water_side, args.copper_repeat, args.check_every = min(args.steps, 20), 2, 1, 5
     model = potential.model_from_arguments(args)
+    devices = potential.select_devices(args.devices)
     builders = {"water": lambda: water_box(args.water_side), "copper": lambda: copper(args.copper_repeat)}
     systems = {name: builders[name]() for name in (("water", "copper") if args.system == "all" else (args.system,))}
     # The parameters do not depend on the structure: initialise once, on the smallest one.
     smallest = min(systems.values(), key=len)
     probe = potential.build_graph([smallest], model.cutoff)
     params = potential.init_params(model, jax.random.PRNGKey(0), jnp.asarray(smallest.positions), probe)
-    return [run(name, atoms, model, params, args) for name, atoms in systems.items()]
+    return [run(name, atoms, model, params, args, devices) for name, atoms in systems.items()]
 
 
 if __name__ == "__main__":

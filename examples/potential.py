@@ -103,6 +103,14 @@ def build_graph(structures: Sequence[ase.Atoms], cutoff: float, capacity: int | 
     )
 
 
+def select_devices(count: int) -> list:
+    """The first ``count`` of JAX's devices; a ``ValueError`` if there are fewer."""
+    devices = jax.devices()
+    if not 1 <= count <= len(devices):
+        raise ValueError(f"--devices: {count} requested, {len(devices)} available ({devices})")
+    return devices[:count]
+
+
 def edge_vectors(positions, graph: Graph):
     """``(vectors (E, 3), valid (E,))``; padding edges get the unit vector x (never zero, so
     norms and spherical harmonics stay differentiable) and ``valid = False``."""

@@ -131,14 +131,6 @@ def make_train_step(model, optimizer, force_weight: float, devices=None):
                                  out_specs=replicated))
 
 
-def select_devices(count: int) -> list:
-    """The first ``count`` of JAX's devices; a ``ValueError`` if there are fewer."""
-    devices = jax.devices()
-    if not 1 <= count <= len(devices):
-        raise ValueError(f"--devices: {count} requested, {len(devices)} available ({devices})")
-    return devices[:count]
-
-
 def fit(model, params, train: list[Batch], valid: list[Batch], epochs: int, learning_rate: float,
         force_weight: float, log_every: int = 1, seed: int = 0, devices=None):
     """Adam on ``L = energy term + force_weight * force term``; returns ``(params, history)``.
@@ -216,7 +208,7 @@ def main(argv=None) -> dict:
     if args.smoke:
         args.structures, args.repeat, args.batch_size, args.epochs = 6, 1, 2, min(args.epochs, 6)
     model = potential.model_from_arguments(args)
-    devices = select_devices(args.devices)
+    devices = potential.select_devices(args.devices)
 
     structures = perturbed_copper(args.structures, args.repeat, args.rattle, args.strain)
     split = args.batch_size * max(1, round(len(structures) / 6 / args.batch_size))

@@ -579,6 +579,14 @@ def test_cuda_backend_off_the_gpu_is_a_clear_error_at_lowering():
         jax.jit(tp)(np.ones((3, 2)), np.ones((3, 1)), np.ones(2))
 
 
+def test_the_launch_target_loads_its_kernel_before_the_executable_runs():
+    """The FFI target has an initialize stage, which loads the kernel before XLA enqueues any work
+    (a load behind a running collective can hang several GPUs; cuda/ffi_launch.cc)."""
+    from jax_cgtp import _ffi
+
+    assert set(_ffi.registrations()[cuda_lowering.TARGET]) == {"initialize", "execute"}
+
+
 def test_lowering_without_a_gpu_asks_for_an_architecture(monkeypatch):
     monkeypatch.delenv("JAX_CGTP_ARCH", raising=False)
     cuda_lowering.device_arch.cache_clear()

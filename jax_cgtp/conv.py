@@ -16,7 +16,7 @@ from .graph import SortedGraph, graph_endpoints, sort_graph
 from .grouping import group_edges
 from .operands import BATCHED, INDEXED, SHARED
 from .schedule import owned_forward_is_faster
-from .tensor_product import TensorProduct, check_float_operands, check_trailing_dim
+from .tensor_product import TensorProduct, check_float_operands, check_static_shapes, check_trailing_dim
 
 
 def _check_index(name: str, index, num_edges: int) -> None:
@@ -80,6 +80,7 @@ class TensorProductConv(TensorProduct):
             raise ValueError("src, dst, num_nodes: all three are needed (or graph=)")
         num_nodes = _check_num_nodes(num_nodes)
         dtype = check_float_operands(x_nodes=x_nodes, y_edges=y_edges, w=w)
+        check_static_shapes(x_nodes=x_nodes, y_edges=y_edges, w=w, src=src, dst=dst)
         check_trailing_dim("x_nodes", x_nodes, problem.irreps_in1.dim, f"irreps_in1 {problem.irreps_in1}")
         check_trailing_dim("y_edges", y_edges, problem.irreps_in2.dim, f"irreps_in2 {problem.irreps_in2}")
         check_trailing_dim("w", w, problem.weight_numel, "the weights")

@@ -26,6 +26,17 @@ def check_float_operands(**arrays) -> jnp.dtype:
     return next(iter(dtypes.values()))
 
 
+def check_static_shapes(**arrays) -> None:
+    """``NotImplementedError`` naming the first array whose shape has a symbolic dimension (shape
+    polymorphism in ``jax.export``): kernels are planned and launched for concrete sizes."""
+    for name, array in arrays.items():
+        shape = jnp.shape(array)
+        if not all(isinstance(d, (int, np.integer)) for d in shape):
+            raise NotImplementedError(
+                f"{name}: shape {shape} has a symbolic dimension; jax_cgtp plans its kernels for concrete "
+                "sizes, so export with concrete shapes (pad the edges and nodes to fixed counts)")
+
+
 def check_trailing_dim(name: str, array, dim: int, what: str) -> None:
     """``ValueError`` unless ``array`` has at least one axis and its last axis is ``dim`` long."""
     shape = jnp.shape(array)
@@ -97,6 +108,7 @@ class TensorProduct:
                 raise ValueError(f"w: this tensor product needs {problem.weight_numel} weights, got None")
             w = jnp.zeros((0,), jnp.result_type(x))
         dtype = check_float_operands(x=x, y=y, w=w)
+        check_static_shapes(x=x, y=y, w=w)
         check_trailing_dim("x", x, problem.irreps_in1.dim, f"irreps_in1 {problem.irreps_in1}")
         check_trailing_dim("y", y, problem.irreps_in2.dim, f"irreps_in2 {problem.irreps_in2}")
         check_trailing_dim("w", w, problem.weight_numel, "the weights")

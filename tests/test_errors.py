@@ -1,5 +1,7 @@
 """Bad input fails at trace time with an error naming the argument, what was expected and what was given."""
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -145,3 +147,21 @@ def test_operands_sharded_over_an_explicit_mesh_axis():
         src = jax.device_put(jnp.arange(6) % 3, NamedSharding(mesh, PartitionSpec("data")))
         with pytest.raises(NotImplementedError, match="explicit mesh axes"):
             jax.jit(lambda *a: conv(*a, num_nodes=3))(x[:3], y, jnp.ones((6, conv.weight_numel)), src, src)
+
+
+def test_symbolic_shapes_in_jax_export_name_the_operand():
+    """Shape polymorphism (``jax.export`` with a symbolic edge count) has no kernels: the error names
+    the operand and says to export concrete (padded) shapes."""
+    import jax
+    from jax import export
+
+    tp = make()
+    conv = jax_cgtp.TensorProductConv(*GOOD)
+    (e,) = export.symbolic_shape("e")
+    edges = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.float32)
+    with pytest.raises(NotImplementedError, match=r"x: shape \(e, 16\) has a symbolic dimension.*concrete"):
+        export.export(jax.jit(tp))(edges((e, 16)), edges((e, 4)), edges((tp.weight_numel,)))
+    index = jax.ShapeDtypeStruct((e,), jnp.int32)
+    with pytest.raises(NotImplementedError, match=r"y_edges: shape \(e, 4\) has a symbolic dimension"):
+        export.export(jax.jit(lambda *a: conv(*a, num_nodes=3)))(
+            jax.ShapeDtypeStruct((3, 16), jnp.float32), edges((e, 4)), edges((e, conv.weight_numel)), index, index)

@@ -4,8 +4,9 @@ Without a rule, XLA cannot see into a custom call: it gathers every operand onto
 runs the whole call on each. :func:`across_devices` gives the call a ``custom_partitioning`` rule
 instead, along the edge axis (the rows of a product without indices):
 
-* the edge axis of every per-edge array (BATCHED operands and outputs, index arrays) is split over the mesh axes of the first per-edge operand whose edge axis is
-  sharded, when they divide the edge count (otherwise the call runs whole on every device);
+* the edge axis of every per-edge array (BATCHED operands and outputs, index arrays) is split over
+  the mesh axes of the first per-edge operand whose edge axis is sharded, when they divide the edge
+  count (otherwise the call runs whole on every device);
 * node arrays (INDEXED operands) and SHARED weights are replicated;
 * each device runs the call on its edges; an output summed over edges (INDEXED: a scatter into
   nodes; SHARED: a shared weight's gradient) is then summed over the devices (``psum``);
@@ -139,7 +140,8 @@ def across_devices(call: Call, outputs_of, backend: str):
             outputs = ordered(*args)
             if axes is None:
                 return outputs
-            return tuple(o if layout == EDGES else jax.lax.psum(o, axes) for o, (layout, _) in zip(outputs, out_layouts))
+            return tuple(o if layout == EDGES else jax.lax.psum(o, axes)
+                         for o, (layout, _) in zip(outputs, out_layouts))
 
         return mesh, local, shardings(mesh, axes, out_layouts), shardings(mesh, axes, arg_layouts)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 
 import jax
@@ -63,7 +64,8 @@ def report(devices=None, dtype=jnp.float64, backend="auto") -> dict:
     device (``alone``) and on the reference backend (``reference``); in the compiled executable,
     the all-gathers and the arrays of every edge's rows (``all_edge_arrays``: shapes whose leading
     dimension is the edge count); whether the calls were lowered for XLA to split
-    (``partitioned``), and whether two sharded runs agree bitwise (``repeatable``)."""
+    (``partitioned``; ``partitioned_when_off``: the same with ``JAX_CGTP_PARTITIONING=0``), and
+    whether two sharded runs agree bitwise (``repeatable``)."""
     devices = list(devices or jax.devices())
     result = {"devices": [str(d) for d in devices]}
     references = _runs(devices, dtype, "reference")
@@ -82,8 +84,19 @@ def report(devices=None, dtype=jnp.float64, backend="auto") -> dict:
             "all_edge_arrays": len(re.findall(rf"\[{EDGES},", executable)),
             "partitioned": "CustomSPMDPartitioning" in lowered.as_text(),
             "repeatable": all(np.array_equal(a, b) for a, b in zip(leaves(sharded), leaves(fun(*placed)))),
+            "partitioned_when_off": _lowered_when_off(run, placed),
         }
     return result
+
+
+def _lowered_when_off(run, placed) -> bool:
+    """Whether ``run`` lowered with ``JAX_CGTP_PARTITIONING=0`` still has calls for XLA to split
+    (a fresh function, so that no lowering is reused)."""
+    os.environ["JAX_CGTP_PARTITIONING"] = "0"
+    try:
+        return "CustomSPMDPartitioning" in jax.jit(lambda *a: run(*a)).lower(*placed).as_text()
+    finally:
+        del os.environ["JAX_CGTP_PARTITIONING"]
 
 
 if __name__ == "__main__":

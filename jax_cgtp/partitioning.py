@@ -18,7 +18,8 @@ instead, along the edge axis (the rows of a product without indices):
 
 Inside ``jax.shard_map`` (every axis manual), under ``pmap`` and on one device, the call is lowered
 as it is. ``JAX_CGTP_PARTITIONING=0``, set when a function is lowered, turns the rule off (XLA then
-runs each call whole on every device, as it does for any custom call it cannot see into).
+runs each call whole on every device, as it does for any custom call it cannot see into); set before
+jax_cgtp is imported, it also lets JAX lower over an abstract mesh alone (:func:`enabled`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ from .operands import BATCHED, INDEXED
 
 # The leading axis of each flat argument or output of a call
 EDGES, NODES, WHOLE = "edges", "nodes", "whole"
+
+
+def enabled() -> bool:
+    """Whether calls get the rule: unless ``JAX_CGTP_PARTITIONING=0``. The rule reads the devices
+    while lowering, so with it JAX refuses to lower over an abstract mesh alone; set the variable
+    before importing jax_cgtp to lower that way (each call then runs whole on every device)."""
+    return os.environ.get("JAX_CGTP_PARTITIONING", "1") != "0"
 
 
 def spans_devices(ctx) -> bool:
@@ -95,7 +103,7 @@ def lowering_rule(outputs_of):
 
     def rule(ctx, *args, call, backend):
         fun = functools.partial(outputs_of, call, backend)
-        if spans_devices(ctx) and os.environ.get("JAX_CGTP_PARTITIONING", "1") != "0":
+        if spans_devices(ctx) and enabled():
             fun = across_devices(call, fun, backend)
         return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
 

@@ -37,8 +37,8 @@ from .operands import BATCHED, INDEXED, OPERANDS, SHARED
 cgtp_p = Primitive("cgtp")
 cgtp_p.multiple_results = True
 cgtp_p.def_impl(functools.partial(dispatch.apply_primitive, cgtp_p))
-# its lowering reads the devices, to split a call across them (partitioning.across_devices)
-dispatch.prim_requires_devices_during_lowering.add(cgtp_p)
+if partitioning.enabled():  # its lowering reads the devices, to split a call across them
+    dispatch.prim_requires_devices_during_lowering.add(cgtp_p)
 
 
 def bind(call: Call, inputs, indices=None, schedules=None, *, backend="auto"):

@@ -3,11 +3,17 @@
 
 JAX fixes the number of host devices when it starts, so each runs in a fresh process
 (``data_parallel.py``, ``edge_sharded.py`` with ``--xla_force_host_platform_device_count=2``). On a
-machine with two GPUs ``test_gpu.py`` runs the same on the kernels.
+machine with two GPUs ``test_gpu.py`` runs the same on the kernels. Also: lowering over an abstract
+mesh (no devices) with and without the partitioning rule.
 """
 
+import json
+import os
 import pathlib
+import subprocess
+import sys
 
+import pytest
 from data_parallel import on_two_host_devices
 
 
@@ -30,3 +36,33 @@ def test_edges_sharded_by_jit_run_on_each_device_and_match_one_device():
         assert run["partitioned"] and not run["partitioned_when_off"] and run["repeatable"], (name, run)
         assert run["all_gathers"] == run["all_edge_arrays"] == 0, (name, run)
         assert run["alone"] < 1e-12 and run["reference"] < 1e-12, (name, run)
+
+
+ABSTRACT_MESH_EXPORT = """
+import json
+import jax, jax.numpy as jnp
+from jax import export
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
+import jax_cgtp
+tp = jax_cgtp.TensorProduct("4x0e", "0e", "4x0e", [(0, 0, 0, "uvu", True)])
+rows = NamedSharding(AbstractMesh((2,), ("e",), axis_types=(AxisType.Auto,)), PartitionSpec("e"))
+args = [jax.ShapeDtypeStruct((8, n), jnp.float32, sharding=rows) for n in (4, 1, 4)]
+try:
+    print(json.dumps({"devices": export.export(jax.jit(tp), platforms=["cpu"])(*args).nr_devices}))
+except ValueError as error:
+    print(json.dumps({"error": str(error)}))
+"""
+
+
+@pytest.mark.parametrize("partitioning", ["1", "0"])
+def test_lowering_over_an_abstract_mesh_needs_the_rule_off_at_import(partitioning):
+    """The partitioning rule reads the devices while lowering, so JAX refuses to export over an
+    abstract mesh alone; with JAX_CGTP_PARTITIONING=0 set before the import it exports."""
+    run = subprocess.run([sys.executable, "-c", ABSTRACT_MESH_EXPORT], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, JAX_PLATFORMS="cpu", JAX_CGTP_PARTITIONING=partitioning))
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    if partitioning == "1":
+        assert "AbstractMesh cannot be used" in result["error"], result
+    else:
+        assert result == {"devices": 2}

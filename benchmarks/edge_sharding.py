@@ -20,31 +20,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from jax_cgtp.partitioning import switched
+
 from . import configs, phases, problems
 from .inputs import make_inputs
 from .timing import compile_function, per_call_ms, time_compiled
 
 EDGE_ARRAYS = ("y", "w", "src", "dst")
-WAYS = ("one", "split", "whole")
 
 
 def _compiled(fun, args, partitioning: bool):
-    previous = os.environ.get("JAX_CGTP_PARTITIONING")
-    os.environ["JAX_CGTP_PARTITIONING"] = "1" if partitioning else "0"
-    try:
+    with switched(partitioning):
         return compile_function(fun, args)
-    finally:
-        if previous is None:
-            del os.environ["JAX_CGTP_PARTITIONING"]
-        else:
-            os.environ["JAX_CGTP_PARTITIONING"] = previous
 
 
 def measure(config: str, phase: str, dtype: str, edges: int, runs: int, warmup: int) -> dict:
@@ -103,9 +96,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if len(jax.devices()) < 2:
         raise SystemExit(f"edge_sharding needs two devices or more; JAX sees {jax.devices()}")
-    for dtype in args.dtype.split(","):
-        if dtype == "float64":
-            jax.config.update("jax_enable_x64", True)
+    if "float64" in args.dtype.split(","):
+        jax.config.update("jax_enable_x64", True)
     rows = []
     for dtype in args.dtype.split(","):
         for config in args.configs.split(","):

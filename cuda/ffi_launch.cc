@@ -3,15 +3,15 @@
 // Thin by design: Python generates and compiles the kernel and decides the launch shape; this
 // file binds buffers, loads the kernel image once per CUDA context (thread-safe cache), zeroes
 // the outputs that accumulate, caps the grid of a filling launch at the blocks the device holds
-// at once (the driver's occupancy), and launches.
+// at once (the driver's occupancy), and launches. The CUDA driver is loaded lazily with dlopen, so
+// the extension builds without a CUDA toolkit and imports on machines without a GPU.
 //
 // The kernel is loaded in XLA's initialize stage, before the executable enqueues any work, not
 // when it launches: on several GPUs a device's stream may by then run a collective (NCCL) kernel
 // that waits for the other devices, and loading a module (which allocates device memory) into
 // that context can wait for it, while another device's thread waits for the cache's lock before
 // it reaches the collective. A launch across two H100s hung that way at its first call (jax.jit
-// over edges split across them, float64 kernels loaded after the float32 ones had run). The CUDA driver is loaded lazily with dlopen, so
-// the extension builds without a CUDA toolkit and imports on machines without a GPU.
+// over edges split across them, float64 kernels loaded after the float32 ones had run).
 //
 // Kernel signature expected by the launcher (see jax_cgtp/codegen.py): one pointer per operand
 // buffer, then one per result buffer, then one `long long` per entry of the `scalars` attribute.

@@ -91,8 +91,7 @@ def place(graph: potential.Graph, devices: list) -> potential.Graph:
         raise ValueError(f"--devices: {len(devices)} devices do not divide the {edges} padded edges")
     mesh = Mesh(np.array(devices), ("edges",), axis_types=(AxisType.Auto,))
     split, whole = NamedSharding(mesh, PartitionSpec("edges")), NamedSharding(mesh, PartitionSpec())
-    return potential.Graph(*(jax.device_put(a, split if name in ("src", "dst", "shifts") else whole)
-                             for name, a in zip(potential.Graph._fields, graph)))
+    return jax.device_put(graph, potential.Graph(species=whole, src=split, dst=split, shifts=split, batch=whole))
 
 
 def thermalize(atoms: ase.Atoms, temperature: float) -> None:

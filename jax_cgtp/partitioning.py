@@ -24,6 +24,7 @@ jax_cgtp is imported, it also lets JAX lower over an abstract mesh alone (:func:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -36,6 +37,7 @@ from .call import Call
 from .graph import sort_edges
 from .operands import BATCHED, INDEXED
 
+VARIABLE = "JAX_CGTP_PARTITIONING"
 # The leading axis of each flat argument or output of a call
 EDGES, NODES, WHOLE = "edges", "nodes", "whole"
 
@@ -44,7 +46,22 @@ def enabled() -> bool:
     """Whether calls get the rule: unless ``JAX_CGTP_PARTITIONING=0``. The rule reads the devices
     while lowering, so with it JAX refuses to lower over an abstract mesh alone; set the variable
     before importing jax_cgtp to lower that way (each call then runs whole on every device)."""
-    return os.environ.get("JAX_CGTP_PARTITIONING", "1") != "0"
+    return os.environ.get(VARIABLE, "1") != "0"
+
+
+@contextlib.contextmanager
+def switched(on: bool):
+    """Within the block, functions lowered get the rule (``on``) or not, whatever
+    ``JAX_CGTP_PARTITIONING`` says; it is restored afterwards."""
+    previous = os.environ.get(VARIABLE)
+    os.environ[VARIABLE] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[VARIABLE]
+        else:
+            os.environ[VARIABLE] = previous
 
 
 def spans_devices(ctx) -> bool:

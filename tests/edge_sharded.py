@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 
 import jax
@@ -23,6 +22,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 import jax_cgtp
+from jax_cgtp.partitioning import switched
 from data_parallel import EDGES, INSTRUCTIONS, IRREPS_X, IRREPS_Y, inputs, step
 from family_members import relative_error
 
@@ -92,11 +92,8 @@ def report(devices=None, dtype=jnp.float64, backend="auto") -> dict:
 def _lowered_when_off(run, placed) -> bool:
     """Whether ``run`` lowered with ``JAX_CGTP_PARTITIONING=0`` still has calls for XLA to split
     (a fresh function, so that no lowering is reused)."""
-    os.environ["JAX_CGTP_PARTITIONING"] = "0"
-    try:
+    with switched(False):
         return "CustomSPMDPartitioning" in jax.jit(lambda *a: run(*a)).lower(*placed).as_text()
-    finally:
-        del os.environ["JAX_CGTP_PARTITIONING"]
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@
 #                                     word-split: no quoted -k expressions (use --pytest-k)
 #   --pytest-k EXPR  [PYTEST_K]       the main run's -k expression (default "not thirty_million")
 #   --workers N      [PYTEST_WORKERS] pytest-xdist workers sharing the GPU for the main run (default 4)
+#   --spread         [PYTEST_GPU_SPREAD=N] on a machine of N GPUs, worker K of the main run sees
+#                                     GPU K mod N alone (tests/conftest.py): single-GPU tests on every
+#                                     GPU; the two-GPU tests skip there (run them with --workers 0)
 #   --skip-large     [SKIP_LARGE=1]   do not run the 30M-edge tests (their own run, one at a time,
 #                                     stopped after LARGE_SECONDS, default 240)
 #   --e2e            [RUN_E2E=1]      run examples/bench_e2e.py (MD and training step, jax_cgtp vs
@@ -71,6 +74,7 @@ while [ $# -gt 0 ]; do
     --pytest-k) PYTEST_K=$2; shift 2 ;;
     --seconds) SESSION_SECONDS=$2; shift 2 ;;
     --workers) PYTEST_WORKERS=$2; shift 2 ;;
+    --spread) PYTEST_GPU_SPREAD=$(nvidia-smi -L | grep -c '^GPU'); shift ;;
     --skip-large) SKIP_LARGE=1; shift ;;
     --e2e) RUN_E2E=1; shift ;;
     --sharding) RUN_SHARDING=1; shift ;;
@@ -173,7 +177,7 @@ if [ "$SKIP_TESTS" != 1 ]; then
   # shellcheck disable=SC2086
   # One line per test (-v), and interrupted (SIGINT) 30 s before the call's limit: pytest still
   # writes its summary, and the log names every test that ended.
-  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -s INT "$(( SESSION_SECONDS - 30 - SECONDS ))" \
+  PYTEST_GPU_SPREAD=${PYTEST_GPU_SPREAD:-0} XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -s INT "$(( SESSION_SECONDS - 30 - SECONDS ))" \
     python3 -m pytest -m gpu -v -p no:cacheprovider --durations=25 \
     -n "$PYTEST_WORKERS" -k "${PYTEST_K:-not thirty_million}" ${PYTEST_ARGS:-tests/test_gpu.py} 2>&1 \
     | tee "$OUT/gpu-tests.log" | grep -v "PASSED\|SKIPPED" | tail -n 40

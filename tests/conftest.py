@@ -1,10 +1,24 @@
 """Test-wide settings: float64 enabled, so reference comparisons can ask for 1e-12; fixtures
 shared by test modules."""
 
-import jax
+import os
+
+
+def _one_gpu_per_worker():
+    """Under ``PYTEST_GPU_SPREAD=N`` (``gpu_session.sh --spread``), pytest-xdist worker ``gwK`` sees
+    only GPU ``K mod N``, so single-GPU tests use every GPU of the machine. Set before JAX starts."""
+    gpus = int(os.environ.get("PYTEST_GPU_SPREAD", "0"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if gpus > 1 and worker.startswith("gw"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(int(worker[2:]) % gpus)
+
+
+_one_gpu_per_worker()
+
+import jax  # noqa: E402
 import pytest
 
-from jax_cgtp import cuda_lowering
+from jax_cgtp import cuda_lowering  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # the repository root: benchmarks/
 
-from benchmarks import configs, cost, inputs, phases, report, run  # noqa: E402
+from benchmarks import configs, cost, edge_sharding, inputs, phases, report, run  # noqa: E402
 from benchmarks.peers import LIBRARIES  # noqa: E402
 import jax_cgtp  # noqa: E402
 from jax_cgtp import nvrtc  # noqa: E402
@@ -383,3 +383,14 @@ def test_a_run_stopped_in_a_later_library_keeps_the_earlier_ones_on_disk(tmp_pat
     for row in saved["rows"]:
         assert row["results"]["jax_cgtp"]["status"] == "ok" and row["memory_floor_ms"] > 0
         assert "e3nn" not in row["results"]
+
+
+def test_edge_sharding_counts_the_bytes_every_all_reduce_carries():
+    hlo = "\n".join([
+        "  %psum.5 = f32[250,3264]{1,0} all-reduce(%wrapped_scatter), channel_id=1",
+        "  %ars = (f64[10,3]{1,0}, f32[7]{0}) all-reduce-start(%a, %b), channel_id=2",
+        "  %ard = (f64[10,3]{1,0}, f32[7]{0}) all-reduce-done(%ars)",
+        "  %ag = f32[500,16]{1,0} all-gather(%c), dimensions={0}",
+    ])
+    assert edge_sharding.all_reduced_bytes(hlo) == 4 * 250 * 3264 + 8 * 30 + 4 * 7
+    assert edge_sharding.all_reduced_bytes("%x = f32[4]{0} add(%a, %b)") == 0

@@ -8,6 +8,9 @@ cuequivariance-jax is installed, vs the model with its convolutions on cuEquivar
 * training step: Adam on energy + force loss (second derivatives, ``train.make_train_step``)
   on a batch of perturbed copper cells labelled by EMT.
 
+``--devices N`` splits the MD step's edges across the first N devices (``md.place``; the training
+step stays on one), so that the step's time on N GPUs can be read against one's.
+
 For each pair it prints the compile time, the median step time, XLA's memory plan of the
 compiled step (arguments + outputs + temporaries) and, on a GPU, the device's peak bytes in
 use. Each measurement runs in its own process so the peaks do not mix (``--inline`` runs
@@ -52,6 +55,7 @@ def md_workload(model, args):
     graph = potential.build_graph([atoms], model.cutoff)
     positions = jnp.asarray(atoms.positions)
     params = potential.init_params(model, jax.random.PRNGKey(0), positions, graph)
+    graph = md.place(graph, potential.select_devices(args.devices))
     step = md.make_step(model, params, jnp.asarray(atoms.get_masses(), positions.dtype)[:, None])
     velocities = jnp.asarray(atoms.get_velocities(), positions.dtype)
     dt = jnp.asarray(0.5 * md.ase.units.fs, positions.dtype)
@@ -95,6 +99,7 @@ def measure(workload: str, backend: str, args) -> dict:
     profile = op_profile(compiled, inputs, args.iters, args.profile) if args.profile else None
     return {
         "workload": workload, "backend": backend, "device": jax.devices()[0].device_kind,
+        "devices": args.devices if workload == "md" else 1,
         "atoms": atoms, "edges": edges, "compile_s": compile_s,
         "step_ms": 1e3 * float(np.median(times)), "planned_bytes": planned,
         "peak_bytes": stats.get("peak_bytes_in_use"), "value": scalar(output), "profile": profile,
@@ -162,8 +167,9 @@ def table(results: list[dict], reference: str = "e3nn") -> str:
         speedup = f"{base['step_ms'] / r['step_ms']:.2f}x" if base else "n/a"
         key = "peak_bytes" if r["peak_bytes"] is not None else "planned_bytes"
         memory = f"{r[key] / base[key]:.2f}" if base and r[key] and base[key] else "n/a"
+        workload = r["workload"] + (f" on {r['devices']} devices" if r["devices"] > 1 else "")
         lines.append(
-            f"| {r['workload']} | {r['atoms']} | {r['edges']} | {r['backend']} | {r['compile_s']:.1f} | "
+            f"| {workload} | {r['atoms']} | {r['edges']} | {r['backend']} | {r['compile_s']:.1f} | "
             f"{r['step_ms']:.2f} | {mib(r['planned_bytes'])} | {mib(r['peak_bytes'])} | {speedup} | {memory} |"
         )
     return "\n".join(lines)
@@ -191,6 +197,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--copper-repeat", type=int, default=3, help="cubic cells per side (3: 108 atoms)")
     parser.add_argument("--batch-size", type=int, default=8, help="copper structures per training batch")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--devices", type=int, default=1,
+                        help="split the MD step's edges across the first N devices (the training step runs on one)")
     parser.add_argument("--inline", action="store_true", help="measure in this process (peaks mix)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also list the N ops with the most traced time per step")

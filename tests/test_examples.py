@@ -213,3 +213,8 @@ def test_bench_e2e_compares_the_backends():
         assert ours["step_ms"] > 0 and ours["planned_bytes"] > 0
         assert abs(ours["value"] - theirs["value"]) <= 1e-6 * max(1.0, abs(theirs["value"]))
         assert len(ours["profile"]) == 3 and all(row["ms"] > 0 and row["target"] != "?" for row in ours["profile"])
+
+
+def test_bench_e2e_asks_for_no_more_devices_than_there_are():
+    with pytest.raises(ValueError, match="--devices: 2 requested, 1 available"):
+        bench_e2e.main(["--smoke", "--inline", "--iters", "1", "--workloads", "md", "--backends", "auto", "--devices", "2"])

@@ -154,20 +154,19 @@ __device__ __forceinline__ bool cgtp_valid(long long index, long long rows) {
 }
 
 // The sorted positions [begin, end) of run `seg` of a walk over sorted runs: node `seg`'s edges
-// from the offsets `off` (rows + 1 entries), the edges whose index is below range for seg = -1
-// and above it for seg = rows (sorted first and last), and none past that.
+// from the offsets `off` (rows + 1 entries), and none for `seg` at or past `rows`.
 __device__ __forceinline__ void cgtp_run(const I* __restrict__ off, long long seg, long long rows,
-                                         long long num_edges, long long& begin, long long& end) {
-  begin = seg < 0 ? 0 : seg <= rows ? (long long)off[seg] : num_edges;
-  end = seg < rows ? (long long)off[seg + 1] : num_edges;
+                                         long long& begin, long long& end) {
+  begin = seg < rows ? (long long)off[seg] : 0;
+  end = seg < rows ? (long long)off[seg + 1] : 0;
 }
 
 // The longest of the `warps` runs from `seg` on (the runs a block's warps walk in step), in
 // every lane.
 __device__ __forceinline__ long long cgtp_longest_run(const I* __restrict__ off, long long seg, int warps,
-                                                      long long rows, long long num_edges, int lane) {
+                                                      long long rows, int lane) {
   long long begin = 0, end = 0;
-  if (lane < warps) cgtp_run(off, seg + lane, rows, num_edges, begin, end);
+  if (lane < warps) cgtp_run(off, seg + lane, rows, begin, end);
   long long longest = end - begin;
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) {

@@ -126,6 +126,8 @@ def _emit_prologue(w: Writer, schedule: KernelSchedule) -> None:
 def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
     call = schedule.call
     groups = schedule.num_groups
+    if schedule.tiling == "segments":
+        _emit_outside_zeros(w, schedule)
     if groups > 1:
         w(f"// {groups} warps share each tile, each running its group of slots")
         w(f"const int group = (int)(warp % {groups});")
@@ -135,16 +137,15 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
     first, step = ("walker", "num_walkers") if groups > 1 else ("warp", "num_warps")
     if schedule.tiling == "segments" and schedule.lockstep:
         r, warps = schedule.segment_role, schedule.warps_per_block
-        w(f"// one warp reduces each {r}-node: its edges in sorted order, 32 at a time; runs -1 and rows_{r} hold")
-        w(f"// the edges whose {r}-index is out of range (their per-edge outputs get zeros). The block's {warps} warps")
+        w(f"// one warp reduces each {r}-node: its edges in sorted order, 32 at a time. The block's {warps} warps")
         w("// walk consecutive runs in step, as long as the longest, and meet before each group of paths")
         w(f"const long long step = (long long)gridDim.x * {warps};")
-        w.open(f"for (long long base = (long long)blockIdx.x * {warps}; base < rows_{r} + 2; base += step)")
-        w("const long long seg = base + (threadIdx.x >> 5) - 1;")
+        w.open(f"for (long long base = (long long)blockIdx.x * {warps}; base < rows_{r}; base += step)")
+        w("const long long seg = base + (threadIdx.x >> 5);")
         w("long long seg_begin, seg_end;")
-        w(f"cgtp_run(off_{r}, seg, rows_{r}, num_edges, seg_begin, seg_end);")
+        w(f"cgtp_run(off_{r}, seg, rows_{r}, seg_begin, seg_end);")
         _emit_owned_zeros(w, schedule)
-        w(f"const long long longest = cgtp_longest_run(off_{r}, base - 1, {warps}, rows_{r}, num_edges, lane);")
+        w(f"const long long longest = cgtp_longest_run(off_{r}, base, {warps}, rows_{r}, lane);")
         w.open("for (long long walked = 0; walked < longest; walked += 32)")
         w("const long long first = seg_begin + walked;")
         w("const bool fresh = walked == 0;  // the run's first edges store, later ones add")
@@ -152,12 +153,10 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         edge = f"lane < count ? perm_{r}[first + lane] : I(0)"
     elif schedule.tiling == "segments":
         r = schedule.segment_role
-        w(f"// one warp (per group) reduces each {r}-node: its edges in sorted order, 32 at a time; runs -1 and")
-        w(f"// rows_{r} hold the edges whose {r}-index is out of range (their per-edge outputs get zeros)")
-        w.open(f"for (long long run = {first}; run < rows_{r} + 2; run += {step})")
-        w("const long long seg = run - 1;")
-        w(f"const long long seg_begin = seg < 0 ? 0 : (long long)off_{r}[seg];")
-        w(f"const long long seg_end = seg < rows_{r} ? (long long)off_{r}[seg + 1] : num_edges;")
+        w(f"// one warp (per group) reduces each {r}-node: its edges in sorted order, 32 at a time")
+        w.open(f"for (long long seg = {first}; seg < rows_{r}; seg += {step})")
+        w(f"const long long seg_begin = (long long)off_{r}[seg];")
+        w(f"const long long seg_end = (long long)off_{r}[seg + 1];")
         _emit_owned_zeros(w, schedule)
         w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
         w("const bool fresh = first == seg_begin;  // the run's first edges store, later ones add")
@@ -220,6 +219,26 @@ def _emit_lane_edges(w: Writer, schedule: KernelSchedule, edge: str) -> None:
     for r in schedule.call.indexed_roles:
         w(f"my_ok = my_ok && cgtp_valid(my_ix_{r}, rows_{r});")
     w("const unsigned tile_ok = __ballot_sync(CGTP_FULL_MASK, my_ok);  // bit t: the tile's edge t is valid")
+
+
+def _emit_outside_zeros(w: Writer, schedule: KernelSchedule) -> None:
+    """A walk over sorted runs walks the nodes' runs only: the edges whose index is out of range
+    (sorted first and last) add to no node, and their per-edge outputs get zeros here, one warp per
+    edge over every warp of the grid (one warp walking them all would take as long as a node with
+    that many edges: a padded graph's padding edges)."""
+    r = schedule.segment_role
+    batched = [(k, out) for k, out in enumerate(schedule.outputs) if out.kind == BATCHED]
+    if not batched:
+        w(f"// edges whose {r}-index is out of range (sorted first and last) add to no node: not walked")
+        return
+    w(f"// edges whose {r}-index is out of range (sorted first and last) add to no node: their per-edge")
+    w("// outputs get zeros, one warp per edge")
+    w(f"const long long below = off_{r}[0], above = off_{r}[rows_{r}];")
+    w.open("for (long long i = warp; i < below + num_edges - above; i += num_warps)")
+    w(f"const long long e = perm_{r}[i < below ? i : above + i - below];")
+    for k, out in batched:
+        w(f"for (int q = lane; q < {out.dim}; q += 32) out{k}[e * {out.dim}LL + q] = T(0);  // {out.role}")
+    w.close()
 
 
 def _emit_owned_zeros(w: Writer, schedule: KernelSchedule) -> None:

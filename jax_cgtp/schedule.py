@@ -429,7 +429,7 @@ class KernelSchedule:
         return max(1, len(self.groups))
 
     def tiles(self, num_edges: int, num_segments: int) -> int:
-        return num_segments + 2 if self.tiling == "segments" else -(-num_edges // self.tile)
+        return num_segments if self.tiling == "segments" else -(-num_edges // self.tile)
 
     def grid(self, num_edges: int, num_segments: int) -> int:
         """Blocks to launch; each group of warps loops over the tiles grid-stride."""

@@ -332,6 +332,24 @@ def test_deterministic_convolution_reduces_each_node_in_one_warp():
     assert [o.flush for o in atomic[0].outputs] == ["atomic"] and atomic[0].outputs[0].zeroed
 
 
+def test_walks_over_sorted_runs_leave_the_edges_out_of_range_to_every_warp():
+    """A padded graph's padding edges (index out of range, sorted last) are one long run: a walk
+    walks only the nodes' runs, a warp per node, and the per-edge outputs of the edges out of range
+    get zeros from every warp of the grid, a warp per edge."""
+    kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
+    forward_call_ = forward_call(mace_problem(), kinds, (10, None, None, 10), deterministic=True)
+    backward = backward_call(mace_problem(), kinds, rows=(10, None, None, 10), deterministic=True)
+    for call, per_edge in ((forward_call_, []), (backward, [(1, "y"), (2, "w")])):
+        (kernel,) = schedule.plan(call, "float", "int")
+        r = kernel.segment_role
+        assert kernel.tiling == "segments" and kernel.tiles(10**5, 10) == 10
+        source = codegen.generate(kernel)
+        assert f"seg < rows_{r}; seg +=" in source and "rows_" + r + " + 2" not in source
+        zeros = re.findall(r"out(\d)\[e \* \d+LL \+ q\] = T\(0\);  // (\w)", source)
+        assert [(int(k), role) for k, role in zeros] == per_edge
+        assert ("for (long long i = warp; i < below + num_edges - above; i += num_warps)" in source) == bool(per_edge)
+
+
 def test_deterministic_forward_owns_each_node():
     """The forward walks the ``dst`` runs, one warp per block: no zero fill; empty nodes and
     path-less components are written as zeros."""
@@ -392,10 +410,10 @@ def test_deterministic_walks_of_long_code_run_in_lockstep():
     assert not short.lockstep and short.warps_per_block == 1
     for kernel, warps in ((middle, four), (long, eight)):
         assert kernel.lockstep and kernel.warps_per_block == warps
-        assert kernel.grid(10**5, 1000) == -(-1002 // warps)  # a warp per run
+        assert kernel.grid(10**5, 1000) == -(-1000 // warps)  # a warp per node's run
         source = codegen.generate(kernel)
         assert source.count("__syncthreads();") == len(kernel.joint.blocks)
-        assert f"cgtp_longest_run(off_{kernel.segment_role}, base - 1, {warps}," in source
+        assert f"cgtp_longest_run(off_{kernel.segment_role}, base, {warps}," in source
     assert "__syncthreads" not in codegen.generate(short)
 
 

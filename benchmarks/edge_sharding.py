@@ -15,7 +15,9 @@ Per-call milliseconds with calls queued back to back (:mod:`benchmarks.timing`),
 every edge's rows (leading dimension ``E``), and the largest relative difference of ``split``'s
 results from ``one``'s. The sums over devices cost ``split`` what one device does not pay: the
 megabytes its all-reduces carry (from its HLO), and the milliseconds of one all-reduce of that many
-bytes alone, timed the same way, bound what splitting can gain. Example: ``python -m benchmarks.edge_sharding --configs mace-l2-c128 --dtype float32``.
+bytes alone, timed the same way, bound what splitting can gain.
+
+Example: ``python -m benchmarks.edge_sharding --configs mace-l2-c128 --dtype float32``.
 """
 
 from __future__ import annotations

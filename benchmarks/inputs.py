@@ -2,7 +2,7 @@
 
 Every library gets these same arrays (converted to its own layout outside the timed region, see
 :mod:`benchmarks.peers`). Values are standard normal, never zeros. The graph has ``nodes =
-edges // 16`` nodes. Three graphs:
+edges // 16`` nodes. Four graphs:
 
 * ``random`` (the default): ``dst`` sorted, as a neighbour list grouped by receiver is, and ``src``
   uniform at random, 16 edges per node on average;
@@ -11,7 +11,10 @@ edges // 16`` nodes. Three graphs:
   and whose messages are summed into the second (the receiver);
 * ``spatial``: points on a jittered cubic lattice, numbered in lattice order, each receiving an
   edge from each of its 16 nearest points (``dst`` sorted). Neighbours have nearby numbers, as the
-  atoms of a crystal built cell by cell, or of a system sorted in space, do.
+  atoms of a crystal built cell by cell, or of a system sorted in space, do;
+* ``padded``: the ``random`` graph padded as ``jraph.pad_with_graphs`` pads a batch: its last
+  eighth of the edges (the padding) joins the last node (a padding node, in range) to itself, so
+  that one node has thousands of edges (``dst`` still sorted).
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ def num_nodes(edges: int) -> int:
 _HOST_DRAW_SIZE = 1 << 22
 
 
-GRAPHS = ("random", "by_source", "spatial")
+GRAPHS = ("random", "by_source", "spatial", "padded")
+PADDING_FRACTION = 8  # the padded graph's padding: its last edges // 8
 
 
 def spatial_graph(nodes: int, edges: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -91,6 +95,9 @@ def make_inputs(problem, dtype, edges: int, conv: bool, seed: int = 0, graph: st
         src, dst = (jax.device_put(a) for a in spatial_graph(nodes, edges, seed))
     elif graph == "by_source":
         src, dst = dst, src
+    elif graph == "padded":
+        padding = edges // PADDING_FRACTION
+        src, dst = (a.at[edges - padding:].set(nodes - 1) for a in (src, dst))
     return Inputs(x, y, w, g, src, dst, nodes)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # the repository root: benchmarks/
 
-from benchmarks import configs, cost, edge_sharding, inputs, phases, report, run  # noqa: E402
+from benchmarks import configs, cost, edge_sharding, inputs, phases, problems, report, run  # noqa: E402
 from benchmarks.peers import LIBRARIES  # noqa: E402
 import jax_cgtp  # noqa: E402
 from jax_cgtp import nvrtc  # noqa: E402
@@ -288,6 +288,15 @@ def test_spatial_graph_connects_each_node_to_nearby_lattice_points():
             inputs.spatial_graph(nodes, edges)
     with pytest.raises(ValueError, match="graph 'ring'"):
         inputs.make_inputs(None, "float64", 16, True, graph="ring")
+
+
+def test_the_padded_graph_joins_its_last_eighth_of_edges_to_the_last_node():
+    problem = problems.conv_of(problems.build("tiny-uvu")).problem
+    random, padded = (inputs.make_inputs(problem, "float64", 1600, True, graph=g) for g in ("random", "padded"))
+    src, dst = np.asarray(padded.src), np.asarray(padded.dst)
+    assert (src[1400:] == 99).all() and (dst[1400:] == 99).all() and (np.diff(dst) >= 0).all()
+    np.testing.assert_array_equal(src[:1400], np.asarray(random.src)[:1400])
+    np.testing.assert_array_equal(dst[:1400], np.asarray(random.dst)[:1400])
 
 
 def test_the_by_source_graph_groups_the_random_graphs_edges_by_sender():

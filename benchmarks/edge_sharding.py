@@ -81,16 +81,18 @@ def measure(config: str, phase: str, dtype: str, edges: int, runs: int, warmup: 
     on_all = [jax.device_put(getattr(inputs, n), split[n in EDGE_ARRAYS]) for n in names]
     row = {"config": config, "phase": phase, "dtype": dtype, "edges": edges, "nodes": inputs.nodes,
            "devices": [str(d) for d in devices]}
-    results, executables = {}, {}
+    results = {}
     for way, args, partitioning in (("one", on_one, True), ("split", on_all, True), ("whole", on_all, False)):
         compiled = _compiled(fun, args, partitioning)
         results[way] = compiled(*args)
         row[f"{way}_ms"] = per_call_ms(time_compiled(compiled, args, warmup, runs))
-        executables[way] = executable = compiled.as_text()
+        executable = compiled.as_text()
         row[f"{way}_all_gathers"] = len(re.findall(r"all-gather(-start)?\(", executable))
         row[f"{way}_all_edge_arrays"] = len(re.findall(rf"\[{edges},", executable))
-    row["split_all_reduce_mb"] = all_reduced_bytes(executables["split"]) / 1e6
-    row["all_reduce_ms"] = all_reduce_ms(mesh, int(row["split_all_reduce_mb"] * 1e6), runs, warmup)
+        if way == "split":
+            all_reduced = all_reduced_bytes(executable)
+    row["split_all_reduce_mb"] = all_reduced / 1e6
+    row["all_reduce_ms"] = all_reduce_ms(mesh, all_reduced, runs, warmup)
     leaves = jax.tree_util.tree_leaves
     row["split_vs_one"] = max(float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
                               for a, b in zip(jax.device_get(leaves(results["split"])),

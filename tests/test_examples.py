@@ -125,7 +125,8 @@ def test_md_example_runs_on_water_and_copper():
     assert [r["system"] for r in results] == ["water", "copper"]
     for r in results:
         assert r["steps_per_s"] > 0 and r["edges"] > 0
-        assert r["build_s"] >= 0 and 0 < r["step_ms"] <= 1e3 / r["steps_per_s"]  # the builds are part of a step
+        # the builds are part of a step (a relative 1e-12 for the rounding of two ways to divide)
+        assert r["build_s"] >= 0 and 0 < r["step_ms"] <= 1e3 / r["steps_per_s"] * (1 + 1e-12)
         assert abs(r["drift_mev_per_atom"]) < 0.1 and r["max_dev_mev_per_atom"] < 0.1
 
 

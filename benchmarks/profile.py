@@ -59,8 +59,10 @@ def describe(kernel: schedule.KernelSchedule) -> str:
     else:
         joint = f"{len(kernel.slots)} slots"
     ahead = f", look-ahead ring of {kernel.ahead + 1} slots" if kernel.ahead else ""
+    cap = (f", each run's first {kernel.run_cap} edges" if kernel.run_cap else
+           f", the edges past the first {kernel.beyond_cap} of their run" if kernel.beyond_cap else "")
     return (f"[{outputs}] {joint}, tiles of {kernel.tile} edges ({kernel.tiling}), {kernel.num_groups} group(s), "
-            f"{kernel.shared_bytes} shared bytes per block{ahead}")
+            f"{kernel.shared_bytes} shared bytes per block{ahead}{cap}")
 
 
 def main(argv=None) -> None:

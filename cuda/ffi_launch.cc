@@ -47,6 +47,7 @@ using CUstream = struct CUstream_st*;
 using CUdeviceptr = unsigned long long;
 constexpr int kFuncAttributeMaxDynamicSharedSize = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int kDeviceAttributeMultiprocessorCount = 16;  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+constexpr int64_t kKeep = 2;  // a zero_outputs flag: the output aliases an argument (cuda_lowering.KEEP)
 
 struct Driver {
   CUresult (*cuInit)(unsigned);
@@ -224,10 +225,12 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets r
     auto buffer = rets.get<ffi::AnyBuffer>(i);
     if (buffer.has_error()) return buffer.error();
     pointers.push_back((*buffer)->untyped_data());
-    // Accumulated outputs start from zero; with `poison`, the others start as NaN (all bits
-    // set), so that a test sees any element the kernel fails to write.
-    bool zero = i < zero_outputs.size() && zero_outputs[i] != 0;
-    if ((zero || poison != 0) && (*buffer)->size_bytes() > 0) {
+    // Accumulated outputs start from zero (flag 1); with `poison`, the others start as NaN (all
+    // bits set), so that a test sees any element the kernel fails to write; but an output that
+    // aliases an argument (flag 2, kKeep) adds to what that argument holds, and starts as it is.
+    int64_t flag = i < zero_outputs.size() ? zero_outputs[i] : 0;
+    bool zero = flag == 1;
+    if (flag != kKeep && (zero || poison != 0) && (*buffer)->size_bytes() > 0) {
       CUresult s = d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>((*buffer)->untyped_data()),
                                      zero ? 0 : 0xff, (*buffer)->size_bytes(), stream);
       if (s != 0) return DriverError(d, s, "cuMemsetD8Async");

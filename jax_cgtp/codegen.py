@@ -91,6 +91,8 @@ def generate(schedule: KernelSchedule) -> str:
     params += [f"const I* __restrict__ idx_{r}" for r in call.indexed_roles]
     for r in call.sorted_roles:
         params += [f"const I* __restrict__ perm_{r}", f"const I* __restrict__ off_{r}"]
+    if schedule.beyond_cap:  # the same buffers as the outputs (aliased): what the capped walk wrote
+        params += [f"const T* walked{k}" for k in range(len(schedule.outputs))]
     params += [f"T* __restrict__ out{k}" for k in range(len(schedule.outputs))]
     params += [f"const long long {name}" for name in scalar_names(schedule)]
     bounds = f"{schedule.block}, 1" if schedule.roomy else f"{schedule.block}"  # schedule.ROOMY_WALK_TERMS
@@ -156,7 +158,12 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w(f"// one warp (per group) reduces each {r}-node: its edges in sorted order, 32 at a time")
         w.open(f"for (long long seg = {first}; seg < rows_{r}; seg += {step})")
         w(f"const long long seg_begin = (long long)off_{r}[seg];")
-        w(f"const long long seg_end = (long long)off_{r}[seg + 1];")
+        if schedule.run_cap:
+            w(f"// the run's first {schedule.run_cap} edges: the next launch adds the rest of a longer run")
+            w(f"const long long seg_next = (long long)off_{r}[seg + 1];")
+            w(f"const long long seg_end = seg_next - seg_begin > {schedule.run_cap} ? seg_begin + {schedule.run_cap} : seg_next;")
+        else:
+            w(f"const long long seg_end = (long long)off_{r}[seg + 1];")
         _emit_owned_zeros(w, schedule)
         w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
         w("const bool fresh = first == seg_begin;  // the run's first edges store, later ones add")
@@ -218,7 +225,13 @@ def _emit_lane_edges(w: Writer, schedule: KernelSchedule, edge: str) -> None:
         w(f"const I my_ix_{r} = my_ok ? idx_{r}[my_edge] : I(-1);")
     for r in schedule.call.indexed_roles:
         w(f"my_ok = my_ok && cgtp_valid(my_ix_{r}, rows_{r});")
+    if schedule.beyond_cap:
+        r, cap = schedule.call.walk, schedule.beyond_cap
+        w(f"// only the edges past the first {cap} of their {r}-run: the walk before added the others")
+        w(f"my_ok = my_ok && first + lane - (long long)off_{r}[my_ix_{r}] >= {cap};")
     w("const unsigned tile_ok = __ballot_sync(CGTP_FULL_MASK, my_ok);  // bit t: the tile's edge t is valid")
+    if schedule.beyond_cap:
+        w("if (tile_ok == 0u) continue;  // no edge of the tile is past its run's cap")
 
 
 def _emit_outside_zeros(w: Writer, schedule: KernelSchedule) -> None:

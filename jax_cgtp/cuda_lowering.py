@@ -26,6 +26,7 @@ from .call import Call, num_edges, output_shape
 from .operands import INDEXED, SHARED
 
 TARGET = "jax_cgtp_launch"
+KEEP = 2  # a zero_outputs flag: the output starts as the argument it aliases (neither zeroed nor poisoned)
 _KERNEL_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 
@@ -138,7 +139,8 @@ def launch(call: Call, *args):
             )
             for out in kernel.outputs
         ]
-        outputs = run_kernel(kernel, args, shapes, grid, scalars)
+        into = [results[out.call_output] for out in kernel.outputs] if kernel.beyond_cap else []
+        outputs = run_kernel(kernel, args + into, shapes, grid, scalars)
         for out, value in zip(kernel.outputs, outputs):
             results[out.call_output] = value.sum(axis=0) if out.kind == SHARED else value
     return results
@@ -148,12 +150,16 @@ def run_kernel(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars
     """One launch of ``kernel`` on ``grid`` blocks through the XLA FFI target: its outputs.
 
     Outputs added to across warps (atomic or reduced, :attr:`KernelOutput.zeroed`) start from zero.
+    A ``beyond_cap`` launch adds to what the walk before it wrote: its last arguments, one per output,
+    are that walk's outputs, and each output is the same buffer as its argument.
     With ``kernel.fill``, the launcher caps ``grid`` at the blocks the GPU holds at once.
     """
     image, image_id = _kernel_image(kernel, device_arch())
+    kept = len(kernel.outputs) if kernel.beyond_cap else 0
+    zero = [KEEP if kept else int(out.zeroed) for out in kernel.outputs]
     return ffi_launch(image, image_id, codegen.KERNEL_NAME, args, shapes, grid=grid, block=kernel.block,
-                      shared_bytes=kernel.shared_bytes, scalars=scalars,
-                      zero_outputs=[out.zeroed for out in kernel.outputs], fill=kernel.fill)
+                      shared_bytes=kernel.shared_bytes, scalars=scalars, zero_outputs=zero, fill=kernel.fill,
+                      input_output_aliases={len(args) - kept + k: k for k in range(kept)})
 
 
 def image_of(cubin: bytes) -> tuple[np.ndarray, int]:
@@ -162,12 +168,14 @@ def image_of(cubin: bytes) -> tuple[np.ndarray, int]:
 
 
 def ffi_launch(image, image_id: int, name: str, args, shapes, *, grid: int, block: int, shared_bytes: int = 0,
-               scalars=(), zero_outputs=(), fill: bool = False):
+               scalars=(), zero_outputs=(), fill: bool = False, input_output_aliases=None):
     """Launch kernel ``name`` of cubin ``image`` on ``grid`` blocks of ``block`` threads through the
     ``jax_cgtp_launch`` FFI target, its parameters the ``args``, then the outputs of ``shapes``,
-    then the ``long long`` ``scalars``; outputs flagged in ``zero_outputs`` start from zero."""
+    then the ``long long`` ``scalars``. Each output's ``zero_outputs`` flag: 1, it starts from zero;
+    :data:`KEEP`, it starts as the argument it aliases (``input_output_aliases``); 0, as it is (NaN
+    under ``JAX_CGTP_POISON_OUTPUTS=1``)."""
     _register_target()
-    return jax.ffi.ffi_call(TARGET, shapes)(
+    return jax.ffi.ffi_call(TARGET, shapes, input_output_aliases=input_output_aliases)(
         *args,
         image=image,
         image_id=np.int64(image_id),

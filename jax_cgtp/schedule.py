@@ -128,6 +128,12 @@ CHUNK_WEIGHT_REGISTERS = 24
 # a few blocks, or SMs left with free warp slots. One wave of whole tiles was slower than even
 # spans, and the product's walks and weight streams lost 0-10% in one wave (H100).
 FILL_GRID = True
+# The atomic convolution's forward, where it walks ``dst`` runs (:func:`owned_forward_is_faster`),
+# walks at most OWNED_RUN_CAP edges of each run in the node's warp; a second launch over the grouped
+# edges, on every warp, adds the rest of the longer runs atomically. Without the cap one warp walks a
+# node's every edge: a padding node that takes a padded batch's spare edges (jraph's
+# ``pad_with_graphs``) or a hub of thousands would take as long as the rest of the graph together.
+OWNED_RUN_CAP = 256
 FILL_MIN_SPAN = 8
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in
@@ -402,6 +408,12 @@ class KernelSchedule:
     ahead: int = 0
     # ptxas aims at one block per SM, not at its own register target (ROOMY_WALK_TERMS)
     roomy: bool = False
+    # a walk over sorted runs that walks at most this many edges of each run (0: all); the launch of
+    # ``beyond_cap`` after it adds the rest (OWNED_RUN_CAP)
+    run_cap: int = 0
+    # a launch over a walk's sorted edges that adds those at this rank or later in their run (in the
+    # walked role's order) to the outputs the capped walk wrote: its outputs start as those (0: none)
+    beyond_cap: int = 0
 
     @property
     def itemsize(self) -> int:
@@ -861,8 +873,30 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
 
     With ``edges`` (the batch size), a launch with a SHARED output uses tiles of
     :func:`shared_tile_for` edges, and a launch of few tiles spreads its slots over warps
-    (:func:`slot_groups`); without, tiles are 32 edges and every warp runs every slot.
+    (:func:`slot_groups`); without, tiles are 32 edges and every warp runs every slot. The atomic
+    convolution's forward by ``dst`` runs (:func:`owned_forward_is_faster`) walks each run's first
+    OWNED_RUN_CAP edges, and a second launch, the atomic forward's, adds the rest.
     """
+    launches = _launches(call, dtype, index_dtype, edges)
+    if not _owned_by_grouping(call) or OWNED_RUN_CAP <= 0:
+        return launches
+    (walk,) = launches
+    if walk.lockstep:  # never launched: owned_forward_is_faster picks the atomic forward then
+        return launches
+    atomic = dataclasses.replace(call, deterministic=False)
+    (rest,) = _launches(atomic, dtype, index_dtype, edges)
+    return [dataclasses.replace(walk, run_cap=OWNED_RUN_CAP),
+            dataclasses.replace(rest, beyond_cap=OWNED_RUN_CAP)]
+
+
+def _owned_by_grouping(call: Call) -> bool:
+    """Whether ``call`` is the atomic convolution's forward by ``dst`` runs: a deterministic call that
+    carries ``z``'s ordering alone (a grouping, whose runs may be of any length)."""
+    return call.deterministic and call.orderings == ("z",) and len(call.outputs) == 1
+
+
+def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None) -> list[KernelSchedule]:
+    """:func:`plan`'s launches, every run walked whole."""
     itemsize = 8 if dtype == "double" else 4
     shared_tile = TILE_INDEXED if edges is None else shared_tile_for(edges)
     schedules = []
@@ -961,5 +995,5 @@ def owned_forward_is_faster(call: Call, dtype: str, index_dtype: str) -> bool:
     the atomic forward's time (mace-l2-c128 0.82x in both dtypes); the lockstep walks of long code
     (nequip-revmd17-benzene, l5-c32) 1.12-1.43x, and DiffDock's weight streams 1.10-1.13x.
     """
-    kernels = plan(call, dtype, index_dtype)
+    kernels = _launches(call, dtype, index_dtype, None)
     return len(kernels) == 1 and kernels[0].joint is not None and not kernels[0].lockstep

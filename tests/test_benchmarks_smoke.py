@@ -140,27 +140,29 @@ def test_min_bytes_of_the_backward_reads_four_operands_and_writes_three():
 
 
 def test_profile_counts_the_launches_that_jit_keeps(lower_for_sm90, capsys):
-    """The launches of a phase, as ``jax.jit`` runs it: a backward's unused forward is dropped."""
+    """The launches of a phase, as ``jax.jit`` runs it: a backward's unused forward is dropped (the
+    forward, a walk over destination runs, is two: each run's first edges, then the rest)."""
     from benchmarks import profile
 
     counts = {}
     for phase in ("conv_fwd", "conv_bwd", "conv_dbwd"):
         profile.main(["tiny-uvu", phase, "float32", "--edges", "64", "--launches"])
         counts[phase] = int(capsys.readouterr().out)
-    assert counts == {"conv_fwd": 1, "conv_bwd": 1, "conv_dbwd": 2}
+    assert counts == {"conv_fwd": 2, "conv_bwd": 1, "conv_dbwd": 2}
 
 
 @pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
 def test_kernel_stats_reads_registers_and_code_size_from_each_cubin(lower_for_sm90, capsys):
-    """One line per launch of each row (a double backward is two), each kernel with 1-255
+    """One line per launch of each row (a double backward is two, the atomic forward by destination
+    runs too), each kernel with 1-255
     registers and some SASS; a file that is not a cubin and an unknown variant are errors."""
     from benchmarks import kernel_stats
 
     kernel_stats.main(["--configs", "tiny-uvu", "--phases", "conv_fwd,dbwd", "--dtype", "float32"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [(r[1], r[3], r[4]) for r in rows] == [
-        ("conv_fwd", "jax_cgtp", "0"), ("conv_fwd", "jax_cgtp_det", "0"), ("dbwd", "jax_cgtp", "0"),
-        ("dbwd", "jax_cgtp", "1")]
+        ("conv_fwd", "jax_cgtp", "0"), ("conv_fwd", "jax_cgtp", "1"), ("conv_fwd", "jax_cgtp_det", "0"),
+        ("dbwd", "jax_cgtp", "0"), ("dbwd", "jax_cgtp", "1")]
     assert all(0 < int(r[5]) <= 255 and int(r[6]) > 0 and int(r[7]) >= 0 for r in rows)
     with pytest.raises(ValueError, match="not an ELF64 cubin"):
         kernel_stats.cubin_stats(b"not a cubin")
@@ -181,10 +183,12 @@ def test_profile_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, pl
 
     planned_with(OWNED_AHEAD_DEPTH=schedule.OWNED_AHEAD_DEPTH)  # restored, and the plans forgotten, after the test
     profile.main(["tiny-uvu", "conv_fwd", "float32", "--edges", "64", "--launches"])
-    assert "look-ahead ring of 4 slots" in capsys.readouterr().err
+    walk = capsys.readouterr().err.splitlines()[0]
+    assert walk.startswith("launch 0:") and "look-ahead ring of 4 slots, each run's first 256 edges" in walk
     profile.main(["tiny-uvu", "conv_fwd", "float32", "--edges", "64", "--launches",
                   "--set", "jax_cgtp.schedule.OWNED_AHEAD_DEPTH=0"])
-    assert schedule.OWNED_AHEAD_DEPTH == 0 and "look-ahead ring" not in capsys.readouterr().err
+    walk = capsys.readouterr().err.splitlines()[0]
+    assert schedule.OWNED_AHEAD_DEPTH == 0 and walk.startswith("launch 0:") and "look-ahead ring" not in walk
     with pytest.raises(SystemExit):
         profile.main(["tiny-uvu", "conv_fwd", "float32", "--launches", "--set", "jax_cgtp.schedule.AHEAD_DEPT=0"])
     assert "jax_cgtp.schedule has no attribute AHEAD_DEPT" in capsys.readouterr().err

@@ -38,10 +38,12 @@ def _launches():
 
 
 def _forward_and_its_launch(conv, x, y, w, src, dst):
-    """``conv``'s jitted forward on 9 nodes, and the one kernel it launched."""
+    """``conv``'s jitted forward on 9 nodes, and the kernel it launched (an atomic forward by
+    destination runs launches a second, which adds the edges of runs past the walk's cap)."""
     before = _launches()
     out = jax.jit(conv, static_argnums=5)(x, y, w, src, dst, 9)
-    (launch,) = kernel_emulator.launched()[before:]
+    launch, *rest = kernel_emulator.launched()[before:]
+    assert [bool(k.beyond_cap) for k in rest] == ([True] if launch.run_cap else [])
     return out, launch
 
 
@@ -155,6 +157,23 @@ def test_atomic_convolution_owns_only_the_forward(given):
     assert any(("x", "atomic") in f for f in flushes)
     assert all(k.call.walk == "z" for k in launched if k.tiling == "tiles")
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+
+
+@pytest.mark.parametrize("given", ["graph", "grouped"])
+def test_atomic_forward_walks_each_runs_first_edges_and_adds_the_rest_on_every_warp(given, planned_with):
+    """A run longer than the walk's cap (a padding node's, a hub's): the node's warp walks its
+    first ``OWNED_RUN_CAP`` edges and writes the row, and a second launch, the atomic forward's
+    tiles over the grouped edges, adds the edges past the cap; every member matches the reference."""
+    planned_with(OWNED_RUN_CAP=8)
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(57), kernels, 9, 120, jnp.float64, bad_fraction=0.1)
+    dst = dst.at[::3].set(4)  # node 4 takes a third of the edges: a run of 40, five times the cap
+    conv = with_sorted_graph(kernels) if given == "graph" else kernels
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, conv, 9))(x, y, w, src, dst)
+    capped = [(k.run_cap, k.beyond_cap, k.tiling) for k in kernel_emulator.launched()[before:] if k.run_cap or k.beyond_cap]
+    assert capped == [(8, 0, "segments"), (0, 8, "tiles")]
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(x, y, w, src, dst), jnp.float64)
 
 
 @pytest.mark.parametrize("make_pair", [high_l_pair, fully_connected_pair])

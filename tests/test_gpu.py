@@ -395,6 +395,20 @@ def test_deterministic_convolution_is_bitwise_reproducible(plan, planned_with):
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_padded_graph_matches_reference(deterministic, dtype):
+    """A batch padded as ``jraph.pad_with_graphs`` pads it: the last 3,000 of 20,000 edges join a
+    padding node to itself (in range), a run of 3,000 edges, and 500 edges point out of range. The
+    atomic forward walks each run's first ``OWNED_RUN_CAP`` edges and adds the rest in a second
+    launch; every member matches the reference with the outputs poisoned."""
+    spec = random_problem(741, mode="uvu", lmax=2)
+    cuda, reference = pair(spec, jax_cgtp.TensorProductConv, deterministic=deterministic)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(41), cuda, 1200, 20_000, dtype, sorted_by_dst=True)
+    src, dst = (a.at[16_500:19_500].set(1199).at[19_500:].set(1205) for a in (src, dst))
+    _assert_conv_members_match(cuda, reference, 1200, (x, y, w, src, dst), dtype)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
 def test_zero_edges_and_isolated_nodes(deterministic):
     cuda, _ = pair(random_problem(730, mode="uvu", lmax=2), jax_cgtp.TensorProductConv, deterministic=deterministic)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(10), cuda, 7, 0, jnp.float32)

@@ -128,13 +128,13 @@ CHUNK_WEIGHT_REGISTERS = 24
 # a few blocks, or SMs left with free warp slots. One wave of whole tiles was slower than even
 # spans, and the product's walks and weight streams lost 0-10% in one wave (H100).
 FILL_GRID = True
+FILL_MIN_SPAN = 8
 # The atomic convolution's forward, where it walks ``dst`` runs (:func:`owned_forward_is_faster`),
 # walks at most OWNED_RUN_CAP edges of each run in the node's warp; a second launch over the grouped
 # edges, on every warp, adds the rest of the longer runs atomically. Without the cap one warp walks a
 # node's every edge: a padding node that takes a padded batch's spare edges (jraph's
 # ``pad_with_graphs``) or a hub of thousands would take as long as the rest of the graph together.
 OWNED_RUN_CAP = 256
-FILL_MIN_SPAN = 8
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in
 # the SM's instruction cache, each warp then fetches its own instructions: l5-c32's forward and
@@ -878,15 +878,13 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
     OWNED_RUN_CAP edges, and a second launch, the atomic forward's, adds the rest.
     """
     launches = _launches(call, dtype, index_dtype, edges)
-    if not _owned_by_grouping(call) or OWNED_RUN_CAP <= 0:
+    if not _owned_by_grouping(call) or OWNED_RUN_CAP <= 0 or len(launches) != 1 or launches[0].lockstep:
+        return launches  # (a lockstep walk is never launched: owned_forward_is_faster picks the atomic forward)
+    rest = _launches(dataclasses.replace(call, deterministic=False), dtype, index_dtype, edges)
+    if len(rest) != 1:
         return launches
-    (walk,) = launches
-    if walk.lockstep:  # never launched: owned_forward_is_faster picks the atomic forward then
-        return launches
-    atomic = dataclasses.replace(call, deterministic=False)
-    (rest,) = _launches(atomic, dtype, index_dtype, edges)
-    return [dataclasses.replace(walk, run_cap=OWNED_RUN_CAP),
-            dataclasses.replace(rest, beyond_cap=OWNED_RUN_CAP)]
+    return [dataclasses.replace(launches[0], run_cap=OWNED_RUN_CAP),
+            dataclasses.replace(rest[0], beyond_cap=OWNED_RUN_CAP)]
 
 
 def _owned_by_grouping(call: Call) -> bool:

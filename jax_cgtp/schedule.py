@@ -134,6 +134,8 @@ FILL_MIN_SPAN = 8
 # edges, on every warp, adds the rest of the longer runs atomically. Without the cap one warp walks a
 # node's every edge: a padding node that takes a padded batch's spare edges (jraph's
 # ``pad_with_graphs``) or a hub of thousands would take as long as the rest of the graph together.
+# H100, seven uvu configs: 28-31x faster on the benchmark's padded graph (an eighth of the edges on
+# one node); 0.95-1.0x on random graphs (tiny-uvu 0.87-0.94x: 6-9 us of a 0.06-0.1 ms call).
 OWNED_RUN_CAP = 256
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in

@@ -60,7 +60,10 @@ def describe(kernel: schedule.KernelSchedule) -> str:
         joint = f"{len(kernel.slots)} slots"
     ahead = f", look-ahead ring of {kernel.ahead + 1} slots" if kernel.ahead else ""
     cap = (f", each run's first {kernel.run_cap} edges" if kernel.run_cap else
-           f", the edges past the first {kernel.beyond_cap} of their run" if kernel.beyond_cap else "")
+           f", the edges past the first {kernel.beyond_cap} of their run" if kernel.beyond_cap else
+           f", chunks of {kernel.chunk_walk} edges after each run's first" if kernel.chunk_walk else "")
+    if kernel.chunk_sum:
+        return f"[{outputs}] the rows of chunks of {kernel.chunk_sum} edges, added to their run's node in order"
     return (f"[{outputs}] {joint}, tiles of {kernel.tile} edges ({kernel.tiling}), {kernel.num_groups} group(s), "
             f"{kernel.shared_bytes} shared bytes per block{ahead}{cap}")
 

@@ -161,6 +161,31 @@ __device__ __forceinline__ void cgtp_run(const I* __restrict__ off, long long se
   end = seg < rows ? (long long)off[seg + 1] : 0;
 }
 
+// The chunk of `chunk` edges that starts among the sorted positions [slot * chunk, slot * chunk + chunk)
+// and is not its run's first, if there is one (in every lane; the warp's lanes search together): its
+// node and its positions [begin, end). Chunk k of the run of `node` starts at off[node] + k * chunk,
+// and two starts with k >= 1 lie at least `chunk` apart, so a window holds at most one.
+__device__ __forceinline__ bool cgtp_chunk(const I* __restrict__ off, long long rows, long long slot,
+                                           long long chunk, int lane, long long& node, long long& begin,
+                                           long long& end) {
+  const long long p = slot * chunk;
+  if (rows <= 0 || p < (long long)off[0] || p >= (long long)off[rows]) return false;
+  long long lo = 0, hi = rows;  // off[lo] <= p < off[hi]: 32 probes per step
+  while (hi - lo > 1) {
+    const long long stride = (hi - lo + 31) / 32;
+    const long long probe = lo + lane * stride;
+    const unsigned at_or_below = __ballot_sync(CGTP_FULL_MASK, probe < hi && (long long)off[probe] <= p);
+    lo += (31 - __clz(at_or_below)) * stride;  // lane 0 probes lo, which is at or below p
+    hi = lo + stride < hi ? lo + stride : hi;
+  }
+  node = lo;
+  const long long run_begin = off[lo], run_end = off[lo + 1];
+  const long long k = (p - run_begin + chunk - 1) / chunk;
+  begin = run_begin + k * chunk;
+  end = begin + chunk < run_end ? begin + chunk : run_end;
+  return k >= 1 && begin < run_end;
+}
+
 // The longest of the `warps` runs from `seg` on (the runs a block's warps walk in step), in
 // every lane.
 __device__ __forceinline__ long long cgtp_longest_run(const I* __restrict__ off, long long seg, int warps,

@@ -91,8 +91,10 @@ def generate(schedule: KernelSchedule) -> str:
     params += [f"const I* __restrict__ idx_{r}" for r in call.indexed_roles]
     for r in call.sorted_roles:
         params += [f"const I* __restrict__ perm_{r}", f"const I* __restrict__ off_{r}"]
-    if schedule.beyond_cap:  # the same buffers as the outputs (aliased): what the capped walk wrote
-        params += [f"const T* walked{k}" for k in range(len(schedule.outputs))]
+    if schedule.chunk_sum:  # each owned output's chunk rows (the chunk walk's)
+        params += [f"const T* __restrict__ chunks{k}" for k in range(len(schedule.outputs))]
+    # the same buffers as the kept outputs (aliased): what the launch before wrote
+    params += [f"const T* walked{k}" for k in schedule.kept]
     params += [f"T* __restrict__ out{k}" for k in range(len(schedule.outputs))]
     params += [f"const long long {name}" for name in scalar_names(schedule)]
     bounds = f"{schedule.block}, 1" if schedule.roomy else f"{schedule.block}"  # schedule.ROOMY_WALK_TERMS
@@ -100,10 +102,35 @@ def generate(schedule: KernelSchedule) -> str:
     for n, p in enumerate(params):
         w("    " + p + ("," if n + 1 < len(params) else ") {"))
     w.depth += 1
-    _emit_prologue(w, schedule)
-    _emit_tiles(w, schedule)
+    if schedule.chunk_sum:
+        _emit_chunk_sums(w, schedule)
+    else:
+        _emit_prologue(w, schedule)
+        _emit_tiles(w, schedule)
     w.close()
     return w.text()
+
+
+def _emit_chunk_sums(w: Writer, schedule: KernelSchedule) -> None:
+    """Each node whose run is longer than the chunk: its row plus its chunks' rows, in chunk order
+    (chunk k >= 1 of the run starting at ``off[node]`` is row ``(off[node] + k * chunk) / chunk``)."""
+    r, chunk = schedule.segment_role, schedule.chunk_sum
+    w("const int lane = threadIdx.x & 31;")
+    w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
+    w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
+    w(f"// one warp per {r}-node: the rows of its run's chunks after the first {chunk} edges, added in order")
+    w.open(f"for (long long seg = warp; seg < rows_{r}; seg += num_warps)")
+    w(f"const long long seg_begin = (long long)off_{r}[seg], seg_end = (long long)off_{r}[seg + 1];")
+    w(f"if (seg_end - seg_begin <= {chunk}) continue;")
+    for k, out in enumerate(schedule.outputs):
+        w(f"// out{k} ({out.role})")
+        w.open(f"for (int q = lane; q < {out.dim}; q += 32)")
+        w(f"T sum = out{k}[seg * {out.dim}LL + q];")
+        w(f"for (long long s = seg_begin + {chunk}; s < seg_end; s += {chunk}) "
+          f"sum += chunks{k}[(s / {chunk}) * {out.dim}LL + q];")
+        w(f"out{k}[seg * {out.dim}LL + q] = sum;")
+        w.close()
+    w.close()
 
 
 def _emit_prologue(w: Writer, schedule: KernelSchedule) -> None:
@@ -128,7 +155,7 @@ def _emit_prologue(w: Writer, schedule: KernelSchedule) -> None:
 def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
     call = schedule.call
     groups = schedule.num_groups
-    if schedule.tiling == "segments":
+    if schedule.tiling == "segments" and not schedule.chunk_walk:
         _emit_outside_zeros(w, schedule)
     if groups > 1:
         w(f"// {groups} warps share each tile, each running its group of slots")
@@ -146,12 +173,35 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w("const long long seg = base + (threadIdx.x >> 5);")
         w("long long seg_begin, seg_end;")
         w(f"cgtp_run(off_{r}, seg, rows_{r}, seg_begin, seg_end);")
+        w("const long long own_row = seg;  // the row of the owned outputs this warp writes")
         _emit_owned_zeros(w, schedule)
-        w(f"const long long longest = cgtp_longest_run(off_{r}, base, {warps}, rows_{r}, lane);")
+        if schedule.run_cap:
+            cap = schedule.run_cap
+            w(f"// the runs' first {cap} edges: the next launches add the rest of a longer run")
+            w(f"if (seg_end - seg_begin > {cap}) seg_end = seg_begin + {cap};")
+            w(f"const long long runs_longest = cgtp_longest_run(off_{r}, base, {warps}, rows_{r}, lane);")
+            w(f"const long long longest = runs_longest > {cap} ? {cap} : runs_longest;")
+        else:
+            w(f"const long long longest = cgtp_longest_run(off_{r}, base, {warps}, rows_{r}, lane);")
         w.open("for (long long walked = 0; walked < longest; walked += 32)")
         w("const long long first = seg_begin + walked;")
         w("const bool fresh = walked == 0;  // the run's first edges store, later ones add")
         w("const int count = (int)(seg_end - first < 32 ? (seg_end > first ? seg_end - first : 0) : 32);")
+        edge = f"lane < count ? perm_{r}[first + lane] : I(0)"
+    elif schedule.tiling == "segments" and schedule.chunk_walk:
+        r, chunk = schedule.segment_role, schedule.chunk_walk
+        w(f"// one warp per chunk of {chunk} edges after a {r}-run's first (the walk before wrote those): the")
+        w(f"// chunk that starts among sorted positions [slot * {chunk}, slot * {chunk} + {chunk}), if one does, its")
+        w("// owned rows to row slot (the next launch adds them to the node's), in sorted order, 32 at a time")
+        w(f"const long long num_slots = (num_edges + {chunk - 1}) / {chunk};")
+        w.open(f"for (long long slot = {first}; slot < num_slots; slot += {step})")
+        w("long long seg, seg_begin, seg_end;")
+        w(f"if (!cgtp_chunk(off_{r}, rows_{r}, slot, {chunk}, lane, seg, seg_begin, seg_end)) continue;")
+        w("const long long own_row = slot;  // the row of the owned outputs this warp writes")
+        _emit_owned_zeros(w, schedule)
+        w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
+        w("const bool fresh = first == seg_begin;  // the chunk's first edges store, later ones add")
+        w("const int count = (int)(seg_end - first < 32 ? seg_end - first : 32);")
         edge = f"lane < count ? perm_{r}[first + lane] : I(0)"
     elif schedule.tiling == "segments":
         r = schedule.segment_role
@@ -159,11 +209,12 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w.open(f"for (long long seg = {first}; seg < rows_{r}; seg += {step})")
         w(f"const long long seg_begin = (long long)off_{r}[seg];")
         if schedule.run_cap:
-            w(f"// the run's first {schedule.run_cap} edges: the next launch adds the rest of a longer run")
+            w(f"// the run's first {schedule.run_cap} edges: the next launches add the rest of a longer run")
             w(f"const long long seg_next = (long long)off_{r}[seg + 1];")
             w(f"const long long seg_end = seg_next - seg_begin > {schedule.run_cap} ? seg_begin + {schedule.run_cap} : seg_next;")
         else:
             w(f"const long long seg_end = (long long)off_{r}[seg + 1];")
+        w("const long long own_row = seg;  // the row of the owned outputs this warp writes")
         _emit_owned_zeros(w, schedule)
         w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
         w("const bool fresh = first == seg_begin;  // the run's first edges store, later ones add")
@@ -258,16 +309,16 @@ def _emit_owned_zeros(w: Writer, schedule: KernelSchedule) -> None:
     """Zeros where a run's node gets no flush: its whole row when the run is empty, and the
     components no path writes (group 0 of a grouped launch)."""
     r = schedule.segment_role
-    w(f"const bool owned = seg >= 0 && seg < rows_{r};  // the node whose row this warp writes")
+    w(f"const bool owned = seg >= 0 && seg < rows_{r};  // the node whose run this warp walks")
     guard = "owned" if schedule.num_groups == 1 else "owned && group == 0"
     for k, out in enumerate(schedule.outputs):
         if out.flush != "own":
             continue
         w(f"if ({guard} && seg_begin == seg_end) "
-          f"for (int q = lane; q < {out.dim}; q += 32) out{k}[seg * {out.dim}LL + q] = T(0);  // no edges")
+          f"for (int q = lane; q < {out.dim}; q += 32) out{k}[own_row * {out.dim}LL + q] = T(0);  // no edges")
         for start, end in out.zero_ranges:
             w(f"if ({guard}) for (int q = lane; q < {end - start}; q += 32) "
-              f"out{k}[seg * {out.dim}LL + {start} + q] = T(0);  // components [{start}, {end}) have no path")
+              f"out{k}[own_row * {out.dim}LL + {start} + q] = T(0);  // components [{start}, {end}) have no path")
 
 
 def _emit_pointers(w: Writer, schedule: KernelSchedule, slot: Slot) -> None:

@@ -72,7 +72,7 @@ def emit_stream(w: Writer, schedule: KernelSchedule) -> None:
         w.close()
     elif row_out is not None and row_out.flush == "own":
         w.open("if (owned)")
-        _emit_row_flush(w, schedule, "seg")
+        _emit_row_flush(w, schedule, "own_row")
         w.close()
 
 

@@ -129,37 +129,48 @@ def launch(call: Call, *args):
     edges = num_edges(call, [a.shape for a in args])
     scalars = np.array([edges] + [call.row_count(r) for r in call.indexed_roles], np.int64)
     results = [None] * len(call.outputs)
+    chunks = {}  # call output -> a chunk walk's rows
     for kernel in _plan(call, _KERNEL_DTYPES[dtype], index_ctype, edges):
         segments = call.row_count(kernel.segment_role) if kernel.segment_role else 0
         grid = kernel.grid(edges, segments)
         partial_rows = kernel.partial_rows(grid)
-        shapes = [
-            jax.ShapeDtypeStruct(
-                (partial_rows, out.dim) if out.kind == SHARED else output_shape(call, out.role, edges), dtype
-            )
-            for out in kernel.outputs
-        ]
-        into = [results[out.call_output] for out in kernel.outputs] if kernel.beyond_cap else []
-        outputs = run_kernel(kernel, args + into, shapes, grid, scalars)
+        shapes = [jax.ShapeDtypeStruct(_launch_shape(call, kernel, out, edges, partial_rows), dtype)
+                  for out in kernel.outputs]
+        extra = [chunks[out.call_output] for out in kernel.outputs] if kernel.chunk_sum else []
+        into = [results[kernel.outputs[k].call_output] for k in kernel.kept]
+        outputs = run_kernel(kernel, args + extra + into, shapes, grid, scalars)
         for out, value in zip(kernel.outputs, outputs):
-            results[out.call_output] = value.sum(axis=0) if out.kind == SHARED else value
+            if kernel.chunk_walk and out.flush == "own":
+                chunks[out.call_output] = value
+            else:
+                results[out.call_output] = value.sum(axis=0) if out.kind == SHARED else value
     return results
+
+
+def _launch_shape(call: Call, kernel: schedule.KernelSchedule, out, edges: int, partial_rows: int):
+    """The shape of ``kernel``'s output ``out``: one row per tile walker for a SHARED output, one per
+    chunk for a chunk walk's owned output, else the call's."""
+    if out.kind == SHARED:
+        return partial_rows, out.dim
+    if kernel.chunk_walk and out.flush == "own":
+        return schedule.chunk_rows(edges, kernel.chunk_walk), out.dim
+    return output_shape(call, out.role, edges)
 
 
 def run_kernel(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars: np.ndarray):
     """One launch of ``kernel`` on ``grid`` blocks through the XLA FFI target: its outputs.
 
     Outputs added to across warps (atomic or reduced, :attr:`KernelOutput.zeroed`) start from zero.
-    A ``beyond_cap`` launch adds to what the walk before it wrote: its last arguments, one per output,
-    are that walk's outputs, and each output is the same buffer as its argument.
+    The outputs :attr:`~jax_cgtp.schedule.KernelSchedule.kept` start as what an earlier launch wrote:
+    the last arguments, one per kept output, in order, each the same buffer as its output.
     With ``kernel.fill``, the launcher caps ``grid`` at the blocks the GPU holds at once.
     """
     image, image_id = _kernel_image(kernel, device_arch())
-    kept = len(kernel.outputs) if kernel.beyond_cap else 0
-    zero = [KEEP if kept else int(out.zeroed) for out in kernel.outputs]
+    kept = kernel.kept
+    zero = [KEEP if k in kept else int(out.zeroed) for k, out in enumerate(kernel.outputs)]
     return ffi_launch(image, image_id, codegen.KERNEL_NAME, args, shapes, grid=grid, block=kernel.block,
                       shared_bytes=kernel.shared_bytes, scalars=scalars, zero_outputs=zero, fill=kernel.fill,
-                      input_output_aliases={len(args) - kept + k: k for k in range(kept)})
+                      input_output_aliases={len(args) - len(kept) + j: k for j, k in enumerate(kept)})
 
 
 def image_of(cubin: bytes) -> tuple[np.ndarray, int]:

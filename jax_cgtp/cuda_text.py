@@ -126,9 +126,10 @@ def emit_transposed_sum(w: Writer, values: list[str], target: str, close: str, o
 
 
 def owned_end(schedule: KernelSchedule, out, cur: str = "cur") -> tuple[str, str]:
-    """``(condition, row)`` of the flush that ends a tile's walk: the run's node for an owned
-    output (written even when no edge of the tile was valid; in a lockstep walk, when the tile
-    holds edges of the run), else the row ``cur`` last accumulated."""
+    """``(condition, row)`` of the flush that ends a tile's walk: the warp's own row for an owned
+    output (the run's node, or a chunk walk's chunk row; written even when no edge of the tile was
+    valid; in a lockstep walk, when the tile holds edges of the run), else the row ``cur`` last
+    accumulated."""
     if out.flush != "own":
         return f"{cur} >= 0", cur
-    return ("owned && count > 0" if schedule.lockstep else "owned"), "seg"
+    return ("owned && count > 0" if schedule.lockstep else "owned"), "own_row"

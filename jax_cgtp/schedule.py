@@ -137,6 +137,10 @@ FILL_MIN_SPAN = 8
 # H100, seven uvu configs: 28-31x faster on the benchmark's padded graph (an eighth of the edges on
 # one node); 0.95-1.0x on random graphs (tiny-uvu 0.87-0.94x: 6-9 us of a 0.06-0.1 ms call).
 OWNED_RUN_CAP = 256
+# A deterministic walk over sorted runs walks each run's first RUN_CHUNK edges; a second launch walks
+# the later chunks of RUN_CHUNK edges, one warp each, into rows of their own, and a third adds those
+# to the node's row in chunk order: the sums keep one order whatever the warps' timing.
+RUN_CHUNK = 256
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in
 # the SM's instruction cache, each warp then fetches its own instructions: l5-c32's forward and
@@ -416,6 +420,13 @@ class KernelSchedule:
     # a launch over a walk's sorted edges that adds those at this rank or later in their run (in the
     # walked role's order) to the outputs the capped walk wrote: its outputs start as those (0: none)
     beyond_cap: int = 0
+    # a deterministic walk over the chunks of this many edges that follow each run's first (which the
+    # capped walk wrote), one warp per chunk: its owned outputs are the chunks' partial rows (row: the
+    # chunk's first sorted position // chunk_walk), its per-edge outputs start as the capped walk's
+    chunk_walk: int = 0
+    # a launch that adds each run's chunk rows, in chunk order, to the owned rows the capped walk wrote
+    # (its outputs: the owned ones, starting as those; its extra arguments: the chunk rows)
+    chunk_sum: int = 0
 
     @property
     def itemsize(self) -> int:
@@ -442,7 +453,18 @@ class KernelSchedule:
     def num_groups(self) -> int:
         return max(1, len(self.groups))
 
+    @property
+    def kept(self) -> tuple[int, ...]:
+        """The outputs that start as an earlier launch's (aliased to arguments after the inputs)."""
+        if self.beyond_cap or self.chunk_sum:
+            return tuple(range(len(self.outputs)))
+        if self.chunk_walk:
+            return tuple(k for k, out in enumerate(self.outputs) if out.flush != "own")
+        return ()
+
     def tiles(self, num_edges: int, num_segments: int) -> int:
+        if self.chunk_walk:
+            return chunk_rows(num_edges, self.chunk_walk)
         return num_segments if self.tiling == "segments" else -(-num_edges // self.tile)
 
     def grid(self, num_edges: int, num_segments: int) -> int:
@@ -877,16 +899,49 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
     :func:`shared_tile_for` edges, and a launch of few tiles spreads its slots over warps
     (:func:`slot_groups`); without, tiles are 32 edges and every warp runs every slot. The atomic
     convolution's forward by ``dst`` runs (:func:`owned_forward_is_faster`) walks each run's first
-    OWNED_RUN_CAP edges, and a second launch, the atomic forward's, adds the rest.
+    OWNED_RUN_CAP edges, and a second launch, the atomic forward's, adds the rest. A deterministic
+    call's walks over sorted runs walk chunks of RUN_CHUNK edges (:func:`_chunked`) where ``edges``
+    is given and more than RUN_CHUNK.
     """
     launches = _launches(call, dtype, index_dtype, edges)
-    if not _owned_by_grouping(call) or OWNED_RUN_CAP <= 0 or len(launches) != 1 or launches[0].lockstep:
+    if not _owned_by_grouping(call):
+        if RUN_CHUNK <= 0 or edges is None or edges <= RUN_CHUNK:  # (no run is longer than edges)
+            return launches
+        return [part for k in launches for part in (_chunked(k, RUN_CHUNK) if _chunkable(k) else [k])]
+    if OWNED_RUN_CAP <= 0 or len(launches) != 1 or launches[0].lockstep:
         return launches  # (a lockstep walk is never launched: owned_forward_is_faster picks the atomic forward)
     rest = _launches(dataclasses.replace(call, deterministic=False), dtype, index_dtype, edges)
     if len(rest) != 1:
         return launches
     return [dataclasses.replace(launches[0], run_cap=OWNED_RUN_CAP),
             dataclasses.replace(rest[0], beyond_cap=OWNED_RUN_CAP)]
+
+
+def chunk_rows(edges: int, chunk: int) -> int:
+    """Rows of a chunk walk's owned outputs: one per window of ``chunk`` sorted positions."""
+    return -(-edges // chunk)
+
+
+def _chunked(kernel: KernelSchedule, chunk: int) -> list[KernelSchedule]:
+    """A deterministic walk over sorted runs as three launches (RUN_CHUNK): the walk of each run's
+    first ``chunk`` edges, a walk of the later chunks into rows of their own, and their sum in
+    chunk order, so that no run holds one warp for longer than ``chunk`` edges.
+
+    A run's k-th chunk (k >= 1) starts at ``off[node] + k * chunk``; two such starts lie at least
+    ``chunk`` apart, so the window of sorted positions ``[j * chunk, (j + 1) * chunk)`` holds at most
+    one, and row ``j`` is that chunk's."""
+    owned = tuple(out for out in kernel.outputs if out.flush == "own")
+    walk = dataclasses.replace(kernel, lockstep=False, warps_per_block=1, chunk_walk=chunk)
+    total = dataclasses.replace(kernel, outputs=owned, slots=(), stage_sizes=(), transpose_size=0, joint=None,
+                                stream=None, edge_sums_size=0, lockstep=False, ahead=0, roomy=False,
+                                warps_per_block=WARPS_PER_BLOCK, chunk_sum=chunk)
+    return [dataclasses.replace(kernel, run_cap=chunk), walk, total]
+
+
+def _chunkable(kernel: KernelSchedule) -> bool:
+    """Whether ``kernel`` gives each warp one node's whole run (its owned rows, with no partials)."""
+    return (kernel.tiling == "segments" and not kernel.has_partials
+            and any(out.flush == "own" for out in kernel.outputs))
 
 
 def _owned_by_grouping(call: Call) -> bool:

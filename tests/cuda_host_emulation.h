@@ -109,6 +109,7 @@ inline unsigned __match_any_sync(unsigned, V value) {
 
 inline int __popc(unsigned bits) { return __builtin_popcount(bits); }
 inline int __ffs(unsigned bits) { return __builtin_ffs(static_cast<int>(bits)); }
+inline int __clz(unsigned bits) { return bits ? __builtin_clz(bits) : 32; }
 
 template <class V>
 inline V __ldca(const V* address) {  // ld.global.ca: a load cached in L1, to the host a plain one

@@ -130,15 +130,15 @@ def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
     """:func:`jax_cgtp.cuda_lowering.run_kernel`, on the host."""
     source = codegen.generate(kernel)
     zero = [out.zeroed for out in kernel.outputs]
-    kept = len(kernel.outputs) if kernel.beyond_cap else 0  # outputs that start as the last arguments
+    kept = kernel.kept  # outputs that start as the last arguments, in order
     if kernel.fill:
         grid = min(grid, RESIDENT_BLOCKS)
 
     def host(*arrays):
         inputs = [np.ascontiguousarray(a) for a in arrays]
         outputs = [np.zeros(s.shape, s.dtype) if z else np.full(s.shape, np.nan, s.dtype) for s, z in zip(shapes, zero)]
-        if kept:
-            outputs = [np.array(a) for a in inputs[-kept:]]
+        for j, k in enumerate(kept):
+            outputs[k] = np.array(inputs[len(inputs) - len(kept) + j])
         with _one_launch:
             _launched.append(kernel)
             launch(source, [a.ctypes.data for a in inputs + outputs], scalars, grid, kernel.block)

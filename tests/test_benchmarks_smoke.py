@@ -154,15 +154,17 @@ def test_profile_counts_the_launches_that_jit_keeps(lower_for_sm90, capsys):
 @pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
 def test_kernel_stats_reads_registers_and_code_size_from_each_cubin(lower_for_sm90, capsys):
     """One line per launch of each row (a double backward is two, the atomic forward by destination
-    runs too), each kernel with 1-255
-    registers and some SASS; a file that is not a cubin and an unknown variant are errors."""
+    runs too, the deterministic one three: its runs' first chunks, the later chunks, their sums), each
+    kernel with 1-255 registers and some SASS; a file that is not a cubin and an unknown variant are
+    errors."""
     from benchmarks import kernel_stats
 
     kernel_stats.main(["--configs", "tiny-uvu", "--phases", "conv_fwd,dbwd", "--dtype", "float32"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [(r[1], r[3], r[4]) for r in rows] == [
         ("conv_fwd", "jax_cgtp", "0"), ("conv_fwd", "jax_cgtp", "1"), ("conv_fwd", "jax_cgtp_det", "0"),
-        ("dbwd", "jax_cgtp", "0"), ("dbwd", "jax_cgtp", "1")]
+        ("conv_fwd", "jax_cgtp_det", "1"), ("conv_fwd", "jax_cgtp_det", "2"), ("dbwd", "jax_cgtp", "0"),
+        ("dbwd", "jax_cgtp", "1")]
     assert all(0 < int(r[5]) <= 255 and int(r[6]) > 0 and int(r[7]) >= 0 for r in rows)
     with pytest.raises(ValueError, match="not an ELF64 cubin"):
         kernel_stats.cubin_stats(b"not a cubin")

@@ -446,10 +446,10 @@ def test_walks_of_many_edges_per_tile_fill_the_gpu_in_one_wave(monkeypatch):
     source = codegen.generate(walk)
     assert "const long long span = rounds > 0 ?" in source and "const long long first = tile * span;" in source
     (product,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "float", "int", 10**5)
-    (runs,) = schedule.plan(forward_call(mace_problem(), (INDEXED, BATCHED, BATCHED, INDEXED), deterministic=True),
-                            "float", "int", 10**5)
+    runs = schedule.plan(forward_call(mace_problem(), (INDEXED, BATCHED, BATCHED, INDEXED), deterministic=True),
+                         "float", "int", 10**5)  # (three launches: the runs' first chunk, later chunks, sums)
     (partials,) = schedule.plan(backward_call(mace_problem(), (BATCHED, BATCHED, SHARED, BATCHED)), "float", "int")
-    assert not any(k.fill for k in (product, runs, partials))
+    assert not any(k.fill for k in [product, *runs, partials])
     assert f"const long long span = {product.tile};" in codegen.generate(product)
     monkeypatch.setattr(schedule, "FILL_GRID", False)
     (fixed,) = schedule.plan(conv, "float", "int", 10**5)
@@ -528,21 +528,30 @@ def test_nvrtc_compiles_every_member_of_random_problems(lower_for_sm90, dtype):
 
 @needs_nvrtc
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_nvrtc_compiles_convolution_kernels(lower_for_sm90, deterministic):
+def test_nvrtc_compiles_convolution_kernels(lower_for_sm90, deterministic, planned_with):
+    """Every launch of the gradients of both modes, on 300 edges over 5 nodes: runs of 60 edges, so
+    that each deterministic walk is three launches, its runs' first chunk, the later chunks and their
+    sums (``schedule.RUN_CHUNK`` = 50 here)."""
     for mode in ("uvu", "uvw"):
         spec = random_problem(40, mode=mode, lmax=2)
         irreps_in1, irreps_in2, irreps_out, instructions, normalization = spec
         conv = jax_cgtp.TensorProductConv(irreps_in1, irreps_in2, irreps_out, instructions, **normalization,
                                           deterministic=deterministic)
         x = jnp.ones((5, conv.irreps_in1.dim))
-        y = jnp.ones((9, conv.irreps_in2.dim))
-        w = jnp.ones((9, conv.weight_numel))
-        src = dst = jnp.arange(9, dtype=jnp.int32) % 5
+        y = jnp.ones((300, conv.irreps_in2.dim))
+        w = jnp.ones((300, conv.weight_numel))
+        src = dst = jnp.arange(300, dtype=jnp.int32) % 5
 
         def loss(x, y, w):
             return jnp.sum(conv(x, y, w, src, dst, 5) ** 2)
 
-        assert cuda_lowering.precompile(jax.grad(loss, argnums=(0, 1, 2)), x, y, w) >= 2
+        grads = jax.grad(loss, argnums=(0, 1, 2))
+        planned_with(RUN_CHUNK=50)
+        walks = [k for k in cuda_lowering.planned_kernels(grads, x, y, w) if k.tiling == "segments"]
+        parts = [(k.run_cap, k.chunk_walk, k.chunk_sum) for k in walks]
+        if deterministic:  # (the atomic gradients walk tiles)
+            assert len(walks) >= 3 and parts == [(50, 0, 0), (0, 50, 0), (0, 0, 50)] * (len(walks) // 3)
+        assert cuda_lowering.precompile(grads, x, y, w) >= 2
 
 
 @needs_nvrtc

@@ -119,7 +119,8 @@ def test_grouping_kernels_group_edges_by_index(edges, rows, order, index_dtype):
     blocks sum the tiles of counts (``cgtp_group_scan``), else the counting launch's last block."""
     index = grouping_index(edges, rows, order, index_dtype)
     before = len(kernel_emulator.groupings())
-    perm, offsets = jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index)
+    # blocks until the kernels ran: the CPU runs a jitted call (and its host callbacks) asynchronously
+    perm, offsets = jax.block_until_ready(jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index))
     one_tile = jax_cgtp.grouping.scan_tiles(rows) == 1
     counting = jax_cgtp.grouping.COUNT_KERNEL if one_tile else jax_cgtp.grouping.RANK_KERNEL
     assert kernel_emulator.groupings()[before:] == ([(counting, edges)] if edges else [])  # none for no edges
@@ -173,6 +174,27 @@ def test_atomic_forward_walks_each_runs_first_edges_and_adds_the_rest_on_every_w
     actual = jax.jit(functools.partial(conv_members, conv, 9))(x, y, w, src, dst)
     capped = [(k.run_cap, k.beyond_cap, k.tiling) for k in kernel_emulator.launched()[before:] if k.run_cap or k.beyond_cap]
     assert capped == [(8, 0, "segments"), (0, 8, "tiles")]
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(x, y, w, src, dst), jnp.float64)
+
+
+@pytest.mark.parametrize("lockstep, given", [(False, "grouped"), (True, "graph")])
+def test_deterministic_walks_split_long_runs_into_chunks_added_in_order(lockstep, given, planned_with):
+    """Runs longer than ``RUN_CHUNK`` by destination and by source (a padding node's, a hub's): each
+    walk over sorted runs walks the runs' first chunk, a second launch walks every later chunk on a
+    warp of its own into a row of its own (rows poisoned), and a third adds those rows to the node's
+    in chunk order; every member matches the reference. ``lockstep``: the first walks in step."""
+    planned_with(RUN_CHUNK=8, **({"LOCKSTEP_WARPS": ((0, 2),)} if lockstep else {}))
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(58), kernels, 9, 120, jnp.float64, bad_fraction=0.1)
+    dst = dst.at[::3].set(4)  # node 4 receives 40 edges: five chunks
+    src = src.at[1::4].set(2)  # node 2 sends 30 edges (some of them to node 4): four chunks, the last of 6
+    conv = with_sorted_graph(kernels) if given == "graph" else kernels
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, conv, 9))(x, y, w, src, dst)
+    launched = kernel_emulator.launched()[before:]
+    parts = {(k.segment_role, k.run_cap, k.chunk_walk, k.chunk_sum, k.lockstep) for k in launched if k.tiling == "segments"}
+    assert parts == {(r, 8, 0, 0, lockstep) for r in "xz"} | {(r, 0, 8, 0, False) for r in "xz"} | {
+        (r, 0, 0, 8, False) for r in "xz"}
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(x, y, w, src, dst), jnp.float64)
 
 

@@ -119,7 +119,7 @@ def test_grouping_kernels_group_edges_by_index(edges, rows, order, index_dtype):
     blocks sum the tiles of counts (``cgtp_group_scan``), else the counting launch's last block."""
     index = grouping_index(edges, rows, order, index_dtype)
     before = len(kernel_emulator.groupings())
-    # blocks until the kernels ran: the CPU runs a jitted call (and its host callbacks) asynchronously
+    # the groupings are read once the call's kernels have run
     perm, offsets = jax.block_until_ready(jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index))
     one_tile = jax_cgtp.grouping.scan_tiles(rows) == 1
     counting = jax_cgtp.grouping.COUNT_KERNEL if one_tile else jax_cgtp.grouping.RANK_KERNEL

@@ -344,14 +344,18 @@ def test_deterministic_runs_longer_than_a_tile(joint):
     _assert_conv_members_match(cuda, reference, 5, args, jnp.float64)
 
 
+@pytest.mark.parametrize("long_runs", [False, True])
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_deterministic_walks_in_lockstep_match_reference(dtype, planned_with):
+def test_deterministic_walks_in_lockstep_match_reference(dtype, long_runs, planned_with):
     """Every walk over sorted runs in blocks of 4 warps that walk consecutive runs in step (at the
-    library's thresholds only passes of long CG code do)."""
+    library's thresholds only passes of long CG code do); ``long_runs``: node 3 sends and node 7
+    receives 1,000 edges, which the walks in step cap at ``RUN_CHUNK`` and the chunk walks finish."""
     planned_with(LOCKSTEP_WARPS=((0, 4),))
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
-    args = random_graph(jax.random.PRNGKey(47), cuda, 300, 5000, dtype, bad_fraction=0.05)
-    _assert_conv_members_match(cuda, reference, 300, args, dtype)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(47), cuda, 300, 5000, dtype, bad_fraction=0.05)
+    if long_runs:
+        src, dst = src.at[:1000].set(3), dst.at[2000:3000].set(7)
+    _assert_conv_members_match(cuda, reference, 300, (x, y, w, src, dst), dtype)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])

@@ -186,6 +186,22 @@ __device__ __forceinline__ bool cgtp_chunk(const I* __restrict__ off, long long 
   return k >= 1 && begin < run_end;
 }
 
+// `sum` plus column[row * dim] for the `count` rows from `first` on, added in that order; the loads
+// go eight rows ahead.
+__device__ __forceinline__ T cgtp_add_rows_in_order(T sum, const T* __restrict__ column, long long first,
+                                                    long long count, long long dim) {
+  long long row = first;
+  for (; row + 8 <= first + count; row += 8) {
+    T v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = column[(row + j) * dim];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sum += v[j];
+  }
+  for (; row < first + count; ++row) sum += column[row * dim];
+  return sum;
+}
+
 // The longest of the `warps` runs from `seg` on (the runs a block's warps walk in step), in
 // every lane.
 __device__ __forceinline__ long long cgtp_longest_run(const I* __restrict__ off, long long seg, int warps,

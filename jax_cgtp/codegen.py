@@ -113,25 +113,39 @@ def generate(schedule: KernelSchedule) -> str:
 
 def _emit_chunk_sums(w: Writer, schedule: KernelSchedule) -> None:
     """Each node whose run is longer than the chunk: its row plus its chunks' rows, in chunk order
-    (chunk k >= 1 of the run starting at ``off[node]`` is row ``(off[node] + k * chunk) / chunk``)."""
+    (chunk k >= 1 of the run starting at ``off[node]`` is row ``(off[node] + k * chunk) / chunk``).
+    A warp takes 32 nodes and 32 columns: the lanes find the nodes with long runs, then add each one's
+    columns, a lane per column."""
     r, chunk = schedule.segment_role, schedule.chunk_sum
     w("const int lane = threadIdx.x & 31;")
     w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
     w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
-    w(f"// one warp per {r}-node: the rows of its run's chunks after the first {chunk} edges, added in order")
-    w.open(f"for (long long seg = warp; seg < rows_{r}; seg += num_warps)")
-    w(f"const long long seg_begin = (long long)off_{r}[seg], seg_end = (long long)off_{r}[seg + 1];")
-    w(f"if (seg_end - seg_begin <= {chunk}) continue;")
+    blocks = schedule.chunk_sum_blocks
+    w(f"// warp item: 32 {r}-nodes (item / {blocks}) and a block of 32 columns (item % {blocks})")
+    w.open(f"for (long long item = warp; item < (rows_{r} + 31) / 32 * {blocks}; item += num_warps)")
+    w(f"const long long node = item / {blocks} * 32 + lane;")
+    w("const int column_block = (int)(item % " + str(blocks) + ");")
+    w(f"const long long run_begin = node < rows_{r} ? (long long)off_{r}[node] : 0;")
+    w(f"const long long run_end = node < rows_{r} ? (long long)off_{r}[node + 1] : 0;")
+    w(f"unsigned long_runs = __ballot_sync(CGTP_FULL_MASK, run_end - run_begin > {chunk});")
+    w.open("while (long_runs)")
+    w("const int t = __ffs(long_runs) - 1;")
+    w("long_runs &= long_runs - 1;")
+    w("const long long seg = node - lane + t;")
+    w("const long long seg_begin = __shfl_sync(CGTP_FULL_MASK, run_begin, t);")
+    w("const long long seg_end = __shfl_sync(CGTP_FULL_MASK, run_end, t);")
+    w(f"const long long rows_after = (seg_end - seg_begin - 1) / {chunk};  // the chunks after the first")
+    first = 0
     for k, out in enumerate(schedule.outputs):
-        w(f"// out{k} ({out.role})")
-        w.open(f"for (int q = lane; q < {out.dim}; q += 32)")
-        w(f"T sum = out{k}[seg * {out.dim}LL + q];")
-        w(f"for (long long s = seg_begin + {chunk}; s < seg_end; s += {chunk}) "
-          f"sum += chunks{k}[(s / {chunk}) * {out.dim}LL + q];")
-        w(f"out{k}[seg * {out.dim}LL + q] = sum;")
+        count = -(-out.dim // WARP)
+        w.open(f"if (column_block >= {first} && column_block < {first + count})")
+        w(f"const int q = (column_block - {first}) * 32 + lane;  // out{k} ({out.role})")
+        w(f"if (q < {out.dim}) out{k}[seg * {out.dim}LL + q] = cgtp_add_rows_in_order("
+          f"out{k}[seg * {out.dim}LL + q], chunks{k} + q, (seg_begin + {chunk}) / {chunk}, rows_after, {out.dim});")
         w.close()
+        first += count
     w.close()
-
+    w.close()
 
 def _emit_prologue(w: Writer, schedule: KernelSchedule) -> None:
     w("extern __shared__ __align__(16) unsigned char cgtp_smem[];")

@@ -140,7 +140,7 @@ OWNED_RUN_CAP = 256
 # A deterministic walk over sorted runs walks each run's first RUN_CHUNK edges; a second launch walks
 # the later chunks of RUN_CHUNK edges, one warp each, into rows of their own, and a third adds those
 # to the node's row in chunk order: the sums keep one order whatever the warps' timing.
-RUN_CHUNK = 256
+RUN_CHUNK = 128
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in
 # the SM's instruction cache, each warp then fetches its own instructions: l5-c32's forward and
@@ -462,7 +462,14 @@ class KernelSchedule:
             return tuple(k for k, out in enumerate(self.outputs) if out.flush != "own")
         return ()
 
+    @property
+    def chunk_sum_blocks(self) -> int:
+        """A chunk sum's blocks of 32 columns over its outputs: a warp per 32 nodes and block."""
+        return sum(-(-out.dim // WARP) for out in self.outputs)
+
     def tiles(self, num_edges: int, num_segments: int) -> int:
+        if self.chunk_sum:
+            return -(-num_segments // WARP) * self.chunk_sum_blocks
         if self.chunk_walk:
             return chunk_rows(num_edges, self.chunk_walk)
         return num_segments if self.tiling == "segments" else -(-num_edges // self.tile)

@@ -183,18 +183,18 @@ def test_deterministic_walks_split_long_runs_into_chunks_added_in_order(lockstep
     walk over sorted runs walks the runs' first chunk, a second launch walks every later chunk on a
     warp of its own into a row of its own (rows poisoned), and a third adds those rows to the node's
     in chunk order; every member matches the reference. ``lockstep``: the first walks in step."""
-    planned_with(RUN_CHUNK=8, **({"LOCKSTEP_WARPS": ((0, 2),)} if lockstep else {}))
+    planned_with(RUN_CHUNK=4, **({"LOCKSTEP_WARPS": ((0, 2),)} if lockstep else {}))
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(58), kernels, 9, 120, jnp.float64, bad_fraction=0.1)
-    dst = dst.at[::3].set(4)  # node 4 receives 40 edges: five chunks
-    src = src.at[1::4].set(2)  # node 2 sends 30 edges (some of them to node 4): four chunks, the last of 6
+    dst = dst.at[::3].set(4)  # node 4 receives 40 edges: ten chunks (eight added at once)
+    src = src.at[1::4].set(2)  # node 2 sends 30 edges (some of them to node 4): eight chunks, the last of 2
     conv = with_sorted_graph(kernels) if given == "graph" else kernels
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, conv, 9))(x, y, w, src, dst)
     launched = kernel_emulator.launched()[before:]
     parts = {(k.segment_role, k.run_cap, k.chunk_walk, k.chunk_sum, k.lockstep) for k in launched if k.tiling == "segments"}
-    assert parts == {(r, 8, 0, 0, lockstep) for r in "xz"} | {(r, 0, 8, 0, False) for r in "xz"} | {
-        (r, 0, 0, 8, False) for r in "xz"}
+    assert parts == {(r, 4, 0, 0, lockstep) for r in "xz"} | {(r, 0, 4, 0, False) for r in "xz"} | {
+        (r, 0, 0, 4, False) for r in "xz"}
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(x, y, w, src, dst), jnp.float64)
 
 

@@ -134,12 +134,18 @@ FILL_MIN_SPAN = 8
 # edges, on every warp, adds the rest of the longer runs atomically. Without the cap one warp walks a
 # node's every edge: a padding node that takes a padded batch's spare edges (jraph's
 # ``pad_with_graphs``) or a hub of thousands would take as long as the rest of the graph together.
-# H100, seven uvu configs: 28-31x faster on the benchmark's padded graph (an eighth of the edges on
-# one node); 0.95-1.0x on random graphs (tiny-uvu 0.87-0.94x: 6-9 us of a 0.06-0.1 ms call).
-OWNED_RUN_CAP = 256
+# H100, seven uvu configs, cap 256: 28-31x faster on the benchmark's padded graph (an eighth of the
+# edges on one node); 0.95-1.0x on random graphs (tiny-uvu 0.87-0.94x: 6-9 us of a 0.06-0.1 ms
+# call). The capped walk of the padding node is then the critical path: on the padded graph cap 128
+# took 0.67-0.69x cap 256's time and cap 64 0.53-0.55x (mace-l2-c128, tiny-uvu). 128 leaves whole
+# the runs of dense neighbour lists (the MD example's water: 54 edges per atom on average).
+OWNED_RUN_CAP = 128
 # A deterministic walk over sorted runs walks each run's first RUN_CHUNK edges; a second launch walks
 # the later chunks of RUN_CHUNK edges, one warp each, into rows of their own, and a third adds those
-# to the node's row in chunk order: the sums keep one order whatever the warps' timing.
+# to the node's row in chunk order: the sums keep one order whatever the warps' timing. H100, padded
+# graph: mace-l2-c128's conv_fwd 2.05 ms and conv_bwd 4.58 ms, against 67.5 and 111 ms with whole
+# runs (chunks of 64: 0.65x and 0.75x the time of 128, of 256: 1.66x and 1.50x); random graph (no
+# run longer than a chunk): 0.97-1.0x whole runs' speed, tiny-uvu 0.70x and 0.93x (+26 and +6 us).
 RUN_CHUNK = 128
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in

@@ -186,7 +186,7 @@ def test_profile_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, pl
     planned_with(OWNED_AHEAD_DEPTH=schedule.OWNED_AHEAD_DEPTH)  # restored, and the plans forgotten, after the test
     profile.main(["tiny-uvu", "conv_fwd", "float32", "--edges", "64", "--launches"])
     walk = capsys.readouterr().err.splitlines()[0]
-    assert walk.startswith("launch 0:") and "look-ahead ring of 4 slots, each run's first 256 edges" in walk
+    assert walk.startswith("launch 0:") and "look-ahead ring of 4 slots, each run's first 128 edges" in walk
     profile.main(["tiny-uvu", "conv_fwd", "float32", "--edges", "64", "--launches",
                   "--set", "jax_cgtp.schedule.OWNED_AHEAD_DEPTH=0"])
     walk = capsys.readouterr().err.splitlines()[0]

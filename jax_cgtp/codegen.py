@@ -124,7 +124,7 @@ def _emit_chunk_sums(w: Writer, schedule: KernelSchedule) -> None:
     w(f"// warp item: 32 {r}-nodes (item / {blocks}) and a block of 32 columns (item % {blocks})")
     w.open(f"for (long long item = warp; item < (rows_{r} + 31) / 32 * {blocks}; item += num_warps)")
     w(f"const long long node = item / {blocks} * 32 + lane;")
-    w("const int column_block = (int)(item % " + str(blocks) + ");")
+    w(f"const int column_block = (int)(item % {blocks});")
     w(f"const long long run_begin = node < rows_{r} ? (long long)off_{r}[node] : 0;")
     w(f"const long long run_end = node < rows_{r} ? (long long)off_{r}[node + 1] : 0;")
     w(f"unsigned long_runs = __ballot_sync(CGTP_FULL_MASK, run_end - run_begin > {chunk});")
@@ -146,6 +146,7 @@ def _emit_chunk_sums(w: Writer, schedule: KernelSchedule) -> None:
         first += count
     w.close()
     w.close()
+
 
 def _emit_prologue(w: Writer, schedule: KernelSchedule) -> None:
     w("extern __shared__ __align__(16) unsigned char cgtp_smem[];")

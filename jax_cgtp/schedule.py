@@ -143,9 +143,9 @@ OWNED_RUN_CAP = 128
 # A deterministic walk over sorted runs walks each run's first RUN_CHUNK edges; a second launch walks
 # the later chunks of RUN_CHUNK edges, one warp each, into rows of their own, and a third adds those
 # to the node's row in chunk order: the sums keep one order whatever the warps' timing. H100, padded
-# graph: mace-l2-c128's conv_fwd 2.05 ms and conv_bwd 4.58 ms, against 67.5 and 111 ms with whole
-# runs (chunks of 64: 0.65x and 0.75x the time of 128, of 256: 1.66x and 1.50x); random graph (no
-# run longer than a chunk): 0.97-1.0x whole runs' speed, tiny-uvu 0.70x and 0.93x (+26 and +6 us).
+# graph: mace-l2-c128's conv_fwd 2.05 ms and conv_bwd 4.58 ms (whole runs, in an earlier run: 67.5
+# and 111 ms; chunks of 64: 0.65x and 0.75x the time of 128, of 256: 1.66x and 1.50x); random graph
+# (no run longer than a chunk): 0.97-1.0x whole runs' speed, tiny-uvu 0.70x and 0.93x (+26, +6 us).
 RUN_CHUNK = 128
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in
@@ -420,8 +420,8 @@ class KernelSchedule:
     ahead: int = 0
     # ptxas aims at one block per SM, not at its own register target (ROOMY_WALK_TERMS)
     roomy: bool = False
-    # a walk over sorted runs that walks at most this many edges of each run (0: all); the launch of
-    # ``beyond_cap`` after it adds the rest (OWNED_RUN_CAP)
+    # a walk over sorted runs that walks at most this many edges of each run (0: all); the launches
+    # after it add the rest (``beyond_cap``: OWNED_RUN_CAP; ``chunk_walk``, ``chunk_sum``: RUN_CHUNK)
     run_cap: int = 0
     # a launch over a walk's sorted edges that adds those at this rank or later in their run (in the
     # walked role's order) to the outputs the capped walk wrote: its outputs start as those (0: none)

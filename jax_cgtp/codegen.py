@@ -212,29 +212,16 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w.open(f"for (long long slot = {first}; slot < num_slots; slot += {step})")
         w("long long seg, seg_begin, seg_end;")
         w(f"if (!cgtp_chunk(off_{r}, rows_{r}, slot, {chunk}, lane, seg, seg_begin, seg_end)) continue;")
-        w("const long long own_row = slot;  // the row of the owned outputs this warp writes")
-        _emit_owned_zeros(w, schedule)
-        w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
-        w("const bool fresh = first == seg_begin;  // the chunk's first edges store, later ones add")
-        w("const int count = (int)(seg_end - first < 32 ? seg_end - first : 32);")
-        edge = f"lane < count ? perm_{r}[first + lane] : I(0)"
+        edge = _open_run_walk(w, schedule, "slot", "chunk")
     elif schedule.tiling == "segments":
         r = schedule.segment_role
         w(f"// one warp (per group) reduces each {r}-node: its edges in sorted order, 32 at a time")
         w.open(f"for (long long seg = {first}; seg < rows_{r}; seg += {step})")
-        w(f"const long long seg_begin = (long long)off_{r}[seg];")
-        if schedule.run_cap:
-            w(f"// the run's first {schedule.run_cap} edges: the next launches add the rest of a longer run")
-            w(f"const long long seg_next = (long long)off_{r}[seg + 1];")
-            w(f"const long long seg_end = seg_next - seg_begin > {schedule.run_cap} ? seg_begin + {schedule.run_cap} : seg_next;")
-        else:
-            w(f"const long long seg_end = (long long)off_{r}[seg + 1];")
-        w("const long long own_row = seg;  // the row of the owned outputs this warp writes")
-        _emit_owned_zeros(w, schedule)
-        w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
-        w("const bool fresh = first == seg_begin;  // the run's first edges store, later ones add")
-        w("const int count = (int)(seg_end - first < 32 ? seg_end - first : 32);")
-        edge = f"lane < count ? perm_{r}[first + lane] : I(0)"
+        w(f"const long long seg_begin = (long long)off_{r}[seg], seg_next = (long long)off_{r}[seg + 1];")
+        cap = schedule.run_cap
+        w("const long long seg_end = " + (f"seg_next - seg_begin > {cap} ? seg_begin + {cap} : seg_next;  // the run's "
+                                          f"first {cap} edges: the next launches add the rest" if cap else "seg_next;"))
+        edge = _open_run_walk(w, schedule, "seg", "run")
     else:
         tile = schedule.tile
         if schedule.fill:
@@ -279,6 +266,18 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
     if schedule.tiling == "segments":
         w.close()
     w.close()
+
+
+def _open_run_walk(w: Writer, schedule: KernelSchedule, own_row: str, walked: str) -> str:
+    """Open the loop over sorted positions ``[seg_begin, seg_end)`` of the segment role, 32 at a
+    time, the owned outputs written to row ``own_row`` (zeros first where no edge or path writes);
+    the lane's edge of the tile."""
+    w(f"const long long own_row = {own_row};  // the row of the owned outputs this warp writes")
+    _emit_owned_zeros(w, schedule)
+    w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
+    w(f"const bool fresh = first == seg_begin;  // the {walked}'s first edges store, later ones add")
+    w("const int count = (int)(seg_end - first < 32 ? seg_end - first : 32);")
+    return f"lane < count ? perm_{schedule.segment_role}[first + lane] : I(0)"
 
 
 def _emit_lane_edges(w: Writer, schedule: KernelSchedule, edge: str) -> None:

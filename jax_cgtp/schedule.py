@@ -952,7 +952,8 @@ def _chunked(kernel: KernelSchedule, chunk: int) -> list[KernelSchedule]:
 
 
 def _chunkable(kernel: KernelSchedule) -> bool:
-    """Whether ``kernel`` gives each warp one node's whole run (its owned rows, with no partials)."""
+    """Whether ``kernel`` gives each warp one node's whole run (its owned rows, with no partials: a walk
+    that also sums a SHARED output, the deterministic backward's w̄ of shared weights, keeps whole runs)."""
     return (kernel.tiling == "segments" and not kernel.has_partials
             and any(out.flush == "own" for out in kernel.outputs))
 

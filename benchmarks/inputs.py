@@ -14,7 +14,11 @@ edges // 16`` nodes. Four graphs:
   atoms of a crystal built cell by cell, or of a system sorted in space, do;
 * ``padded``: the ``random`` graph padded as ``jraph.pad_with_graphs`` pads a batch: its last
   eighth of the edges (the padding) joins the last node (a padding node, in range) to itself, so
-  that one node has thousands of edges (``dst`` still sorted).
+  that one node has thousands of edges (``dst`` still sorted);
+* ``dense``: the ``spatial`` lattice with neighbour lists as long as an interatomic potential's
+  with a 5-6 Å cutoff in a liquid or a metal: 64 edges per node on average, each node receiving
+  from between 32 and 96 of its nearest points (``dst`` sorted), so that about half of the runs
+  are longer than 64 edges.
 """
 
 from __future__ import annotations
@@ -54,8 +58,14 @@ def num_nodes(edges: int) -> int:
 _HOST_DRAW_SIZE = 1 << 22
 
 
-GRAPHS = ("random", "by_source", "spatial", "padded")
+GRAPHS = ("random", "by_source", "spatial", "padded", "dense")
 PADDING_FRACTION = 8  # the padded graph's padding: its last edges // 8
+DENSE_EDGES_PER_NODE = (32, 64, 96)  # the dense graph's fewest, mean and most edges per node
+
+
+def graph_nodes(edges: int, graph: str) -> int:
+    """Nodes of ``graph`` on ``edges`` edges: 16 edges per node on average, 64 on the dense graph."""
+    return max(1, edges // DENSE_EDGES_PER_NODE[1]) if graph == "dense" else num_nodes(edges)
 
 
 def spatial_graph(nodes: int, edges: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -66,12 +76,36 @@ def spatial_graph(nodes: int, edges: int, seed: int = 0) -> tuple[np.ndarray, np
     if per_node * nodes != edges or not 0 < per_node < nodes:
         raise ValueError(f"a spatial graph of {nodes} nodes needs edges = a multiple of the nodes, with fewer "
                          f"edges per node than nodes; got {edges} edges")
+    return _nearest_on_lattice(np.full(nodes, per_node), seed)
+
+
+def dense_graph(nodes: int, edges: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(src, dst)`` (int32, ``dst`` sorted) of the ``dense`` graph: the ``spatial`` lattice's
+    ``nodes`` points, node ``n`` receiving from its ``counts[n]`` nearest other points, the counts
+    drawn uniformly from :data:`DENSE_EDGES_PER_NODE`'s range and moved by one until they sum to
+    ``edges``."""
+    low, _, high = DENSE_EDGES_PER_NODE
+    if not (nodes > high and low * nodes <= edges <= high * nodes):
+        raise ValueError(f"a dense graph of {nodes} nodes needs more than {high} nodes and {low} to {high} edges "
+                         f"per node; got {edges} edges")
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(low, high + 1, nodes)
+    while (gap := edges - int(counts.sum())) != 0:
+        movable = np.flatnonzero(counts < high if gap > 0 else counts > low)
+        counts[rng.choice(movable, min(abs(gap), movable.size), replace=False)] += np.sign(gap)
+    return _nearest_on_lattice(counts, seed)
+
+
+def _nearest_on_lattice(counts: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(src, dst)`` of ``len(counts)`` points on a cubic lattice, numbered in lattice order and moved
+    by up to a quarter of the spacing: node ``n`` receives from its ``counts[n]`` nearest others."""
+    nodes = len(counts)
     side = math.ceil(round(nodes ** (1 / 3), 9))
     lattice = np.stack(np.unravel_index(np.arange(nodes), (side,) * 3), axis=1).astype(np.float64)
     points = lattice + np.random.default_rng(seed).uniform(-0.25, 0.25, lattice.shape)
-    _, nearest = scipy.spatial.cKDTree(points).query(points, k=per_node + 1)  # column 0: the point itself
-    src = nearest[:, 1:].reshape(-1).astype(np.int32)
-    dst = np.repeat(np.arange(nodes, dtype=np.int32), per_node)
+    _, nearest = scipy.spatial.cKDTree(points).query(points, k=int(counts.max()) + 1)  # column 0: the point
+    src = nearest[:, 1:][np.arange(int(counts.max()))[None, :] < counts[:, None]].astype(np.int32)
+    dst = np.repeat(np.arange(nodes, dtype=np.int32), counts)
     return src, dst
 
 
@@ -80,7 +114,7 @@ def make_inputs(problem, dtype, edges: int, conv: bool, seed: int = 0, graph: st
     :data:`GRAPHS`)."""
     if graph not in GRAPHS:
         raise ValueError(f"graph {graph!r}: expected one of {GRAPHS}")
-    nodes = num_nodes(edges)
+    nodes = graph_nodes(edges, graph)
     rows = nodes if conv else edges  # rows of x and of z (g)
     dims = (problem.irreps_in1.dim, problem.irreps_in2.dim, problem.weight_numel, problem.irreps_out.dim)
     dtype = jnp.dtype(dtype)
@@ -93,6 +127,8 @@ def make_inputs(problem, dtype, edges: int, conv: bool, seed: int = 0, graph: st
         return Inputs(x, y, w, g)
     if graph == "spatial":
         src, dst = (jax.device_put(a) for a in spatial_graph(nodes, edges, seed))
+    elif graph == "dense":
+        src, dst = (jax.device_put(a) for a in dense_graph(nodes, edges, seed))
     elif graph == "by_source":
         src, dst = dst, src
     elif graph == "padded":

@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cueq-method", default="uniform_1d")
     parser.add_argument("--graph", default="random", choices=GRAPHS,
                         help="the convolution's graph (benchmarks.inputs): random sources, random receivers "
-                             "(by_source), or spatial neighbours")
+                             "(by_source), spatial neighbours, a padded batch, or dense neighbour lists")
     parser.add_argument("--out", default=None, help="output folder (default benchmarks/results/<device>; a temp folder with --smoke)")
     parser.add_argument("--tag", default=None, help="suffix of the output file names, for split runs")
     parser.add_argument("--time-budget", type=float, default=None,

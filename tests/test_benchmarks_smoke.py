@@ -296,6 +296,25 @@ def test_spatial_graph_connects_each_node_to_nearby_lattice_points():
         inputs.make_inputs(None, "float64", 16, True, graph="ring")
 
 
+def test_dense_graph_gives_each_node_32_to_96_nearby_sources():
+    side = 9
+    src, dst = inputs.dense_graph(side**3, side**3 * 64, seed=2)
+    counts = np.bincount(dst, minlength=side**3)
+    assert len(src) == side**3 * 64 and np.all(np.diff(dst) >= 0) and not np.any(src == dst)
+    assert counts.min() >= 32 and counts.max() <= 96 and 0.3 < np.mean(counts > 64) < 0.7
+    for node in (0, 364):  # each node's sources are distinct
+        sources = src[dst == node]
+        assert len(set(sources)) == len(sources)
+    offsets = np.abs(np.subtract(np.unravel_index(src, (side,) * 3), np.unravel_index(dst, (side,) * 3)))
+    assert offsets.max() <= 5  # a corner's nearest 96 too; uniform sources would reach across the lattice
+    for nodes, edges in ((96, 96 * 64), (343, 343 * 20), (343, 343 * 100)):
+        with pytest.raises(ValueError, match="dense graph"):
+            inputs.dense_graph(nodes, edges)
+    problem = problems.conv_of(problems.build("tiny-uvu")).problem
+    dense = inputs.make_inputs(problem, "float32", 400 * 64, True, graph="dense")
+    assert dense.nodes == 400 and dense.src.shape == (400 * 64,)
+
+
 def test_the_padded_graph_joins_its_last_eighth_of_edges_to_the_last_node():
     problem = problems.conv_of(problems.build("tiny-uvu")).problem
     random, padded = (inputs.make_inputs(problem, "float64", 1600, True, graph=g) for g in ("random", "padded"))

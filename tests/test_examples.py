@@ -138,65 +138,69 @@ def test_train_example_fits_and_saves(tmp_path):
     assert "shift" in restored["params"]
 
 
-TWO_DEVICE_RUNS = """
-import json, sys
+TWO_DEVICE_SETUP = """
+import functools, json, sys
 import jax, jax.numpy as jnp, numpy as np, optax
 jax.config.update("jax_enable_x64", True)
 import md, potential, train
 model = potential.NequIP(channels=4, lmax=1, num_layers=2, cutoff=3.0, num_basis=4, radial_hidden=(8,))
+def float64_params(positions, graph):
+    params = potential.init_params(model, jax.random.PRNGKey(0), positions, graph)
+    return jax.tree_util.tree_map(lambda p: p.astype(jnp.float64), params)
+"""
 
 # train.py: a data-parallel step against one device stepping with the batches' mean gradient
+TRAIN_ON_TWO_DEVICES = """
 batches = train.make_batches(train.perturbed_copper(4, 1, 0.1, 0.03), 2, model.cutoff)
-params = potential.init_params(model, jax.random.PRNGKey(0), batches[0].positions, batches[0].graph)
-params = jax.tree_util.tree_map(lambda p: p.astype(jnp.float64), params)
+params = float64_params(batches[0].positions, batches[0].graph)
 optimizer = optax.adam(1e-2)
 state = optimizer.init(params)
 stepped, _, value = train.make_train_step(model, optimizer, 10.0, jax.devices()[:2])(params, state, train.stack(batches))
 def loss(params, batch):
     e, f = train.loss_terms(model, params, batch)
     return e + 10.0 * f
-values, grads = zip(*(jax.value_and_grad(loss)(params, b) for b in batches))
+values, grads = zip(*map(functools.partial(jax.jit(jax.value_and_grad(loss)), params), batches))
 mean = jax.tree_util.tree_map(lambda *g: sum(g) / len(g), *grads)
 expected = optax.apply_updates(params, optimizer.update(mean, state, params)[0])
 errors = [float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in
           zip(jax.tree_util.tree_leaves(stepped), jax.tree_util.tree_leaves(expected))]
-result = {"loss": abs(float(value) - float(np.mean(values))) / float(np.mean(values)), "params": max(errors)}
+print(json.dumps({"loss": abs(float(value) - float(np.mean(values))) / float(np.mean(values)), "params": max(errors)}))
+"""
 
 # md.py: a step with the graph's edges split across both devices against the same step on one
+MD_ON_TWO_DEVICES = """
 atoms = md.water_box(2)
 md.thermalize(atoms, 300.0)
 positions, graph = md.NeighbourList(atoms, model.cutoff, 0.5).build(atoms.positions)
 r, v = jnp.asarray(positions), jnp.asarray(atoms.get_velocities())
 masses = jnp.asarray(atoms.get_masses())[:, None]
-step = md.make_step(model, params, masses)
+step = md.make_step(model, float64_params(r, graph), masses)
 state0 = step(r, v, jnp.zeros_like(r), graph, jnp.zeros(()))
 one = step(*state0[:3], graph, jnp.asarray(0.5 * 0.1))
 split_graph = md.place(graph, jax.devices()[:2])
 split = step(*step(r, v, jnp.zeros_like(r), split_graph, jnp.zeros(()))[:3], split_graph, jnp.asarray(0.5 * 0.1))
-result["md"] = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(split, one))
-result["md_edge_shards"] = len(split_graph.src.sharding.device_set)
-print(json.dumps(result))
+print(json.dumps({"md": max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(split, one)),
+                  "md_edge_shards": len(split_graph.src.sharding.device_set)}))
 """
 
 
-@functools.lru_cache(maxsize=None)
-def two_host_device_runs() -> dict:
-    """:data:`TWO_DEVICE_RUNS` in a fresh process with two host devices (JAX fixes their number when
-    it starts)."""
-    return on_two_host_devices(["-c", TWO_DEVICE_RUNS], EXAMPLES)
+def on_two_host_devices_in_examples(script: str) -> dict:
+    """:data:`TWO_DEVICE_SETUP`, then ``script``, in a fresh process with two host devices (JAX
+    fixes their number when it starts)."""
+    return on_two_host_devices(["-c", TWO_DEVICE_SETUP + script], EXAMPLES)
 
 
 def test_train_example_data_parallel_step_averages_the_devices_gradients():
     """``make_train_step`` over two host devices against one device stepping with the two batches'
     mean gradient."""
-    errors = two_host_device_runs()
+    errors = on_two_host_devices_in_examples(TRAIN_ON_TWO_DEVICES)
     assert errors["loss"] < 1e-12 and errors["params"] < 1e-10, errors
 
 
 def test_md_example_steps_with_the_edges_split_across_devices_as_on_one():
     """``md.place`` shards the graph's edges over two host devices; the jitted velocity-Verlet
     step then gives one device's positions, velocities, forces and energy."""
-    errors = two_host_device_runs()
+    errors = on_two_host_devices_in_examples(MD_ON_TWO_DEVICES)
     assert errors["md_edge_shards"] == 2 and errors["md"] < 1e-12, errors
 
 

@@ -138,7 +138,8 @@ FILL_MIN_SPAN = 8
 # edges on one node); 0.95-1.0x on random graphs (tiny-uvu 0.87-0.94x: 6-9 us of a 0.06-0.1 ms
 # call). The capped walk of the padding node is then the critical path: on the padded graph cap 128
 # took 0.67-0.69x cap 256's time and cap 64 0.53-0.55x (mace-l2-c128, tiny-uvu). 128 leaves whole
-# the runs of dense neighbour lists (the MD example's water: 54 edges per atom on average).
+# the runs of dense neighbour lists: on the benchmark's dense graph (32-96 edges per node; H200) cap
+# 64 took 1.06x cap 128's time on mace-l2-c128 and 1.01x on nequip-l2-c32, cap 256 1.00x.
 OWNED_RUN_CAP = 128
 # A deterministic walk over sorted runs walks each run's first RUN_CHUNK edges; a second launch walks
 # the later chunks of RUN_CHUNK edges, one warp each, into rows of their own, and a third adds those
@@ -146,6 +147,7 @@ OWNED_RUN_CAP = 128
 # graph: mace-l2-c128's conv_fwd 2.05 ms and conv_bwd 4.58 ms (whole runs, in an earlier run: 67.5
 # and 111 ms; chunks of 64: 0.65x and 0.75x the time of 128, of 256: 1.66x and 1.50x); random graph
 # (no run longer than a chunk): 0.97-1.0x whole runs' speed, tiny-uvu 0.70x and 0.93x (+26, +6 us).
+# Dense graph (32-96 edges per node; H200): chunks of 64 took 1.04x and 1.06x the time of 128.
 RUN_CHUNK = 128
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in

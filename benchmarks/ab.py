@@ -60,12 +60,12 @@ def _compile_with(assignments, fn, args):
 
 
 def measure_row(config: str, phase: str, dtype: str, variants, rounds: int, calls: int, lib: str,
-                edges: int | None = None, graph: str = "random") -> dict:
+                edges: int | None = None, graph: str = "random", shared_weights: bool = False) -> dict:
     """Per-round per-call ms of each variant on one row (``edges`` edges, default the benchmark's
-    size for the dtype; a convolution on ``graph``), and how many distinct programs the variants
-    compiled to."""
+    size for the dtype; a convolution on ``graph``; one row of weights with ``shared_weights``),
+    and how many distinct programs the variants compiled to."""
     edges = edges or configs.EDGES[dtype]
-    fn, args = phase_and_arguments(config, phase, dtype, edges, lib=lib, graph=graph)
+    fn, args = phase_and_arguments(config, phase, dtype, edges, lib=lib, graph=graph, shared_weights=shared_weights)
     compiled = {name: _compile_with(assignments, fn, args) for name, assignments in variants}
     texts = {name: c.as_text() for name, c in compiled.items()}
     for c in compiled.values():  # warm up
@@ -75,7 +75,7 @@ def measure_row(config: str, phase: str, dtype: str, variants, rounds: int, call
         for name, c in compiled.items():
             samples[name].append(timing.time_pipelined(c, args, timing.PIPELINE_BATCHES, calls))
     return {"config": config, "phase": phase, "dtype": dtype, "lib": lib, "edges": edges, "graph": graph,
-            "distinct_programs": len(set(texts.values())), "ms": samples}
+            "shared_weights": shared_weights, "distinct_programs": len(set(texts.values())), "ms": samples}
 
 
 def format_table(rows, names) -> str:
@@ -99,6 +99,7 @@ def main(argv=None) -> list[dict]:
                         help="jax_cgtp_det: the deterministic convolution; jax_cgtp_graph: the atomic one given a sorted graph")
     parser.add_argument("--edges", type=int, default=None, help="default: the benchmark's size for the dtype")
     parser.add_argument("--graph", default="random", choices=GRAPHS, help="the convolution's graph (benchmarks.inputs)")
+    parser.add_argument("--shared-weights", action="store_true", help="one row of weights for every edge")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=timing.PIPELINE_CALLS, help="calls per queued batch")
     parser.add_argument("--json", default=None, help="write every round's times here (again after each row)")
@@ -118,7 +119,7 @@ def main(argv=None) -> list[dict]:
         for dtype in args.dtype:
             for phase in args.phases:
                 rows.append(measure_row(config, phase, dtype, variants, args.rounds, args.calls, args.lib, args.edges,
-                                        args.graph))
+                                        args.graph, args.shared_weights))
                 print(format_table(rows[-1:], names).splitlines()[-1], flush=True)
                 if args.json:  # after every row, so that a run stopped by a time limit keeps what it measured
                     with open(args.json, "w") as f:

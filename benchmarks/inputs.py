@@ -109,9 +109,10 @@ def _nearest_on_lattice(counts: np.ndarray, seed: int) -> tuple[np.ndarray, np.n
     return src, dst
 
 
-def make_inputs(problem, dtype, edges: int, conv: bool, seed: int = 0, graph: str = "random") -> Inputs:
+def make_inputs(problem, dtype, edges: int, conv: bool, seed: int = 0, graph: str = "random",
+                shared_weights: bool = False) -> Inputs:
     """Standard normal operands for ``edges`` rows; for ``conv``, node features and a graph (one of
-    :data:`GRAPHS`)."""
+    :data:`GRAPHS`); with ``shared_weights``, one row of weights for every edge."""
     if graph not in GRAPHS:
         raise ValueError(f"graph {graph!r}: expected one of {GRAPHS}")
     nodes = graph_nodes(edges, graph)
@@ -123,6 +124,8 @@ def make_inputs(problem, dtype, edges: int, conv: bool, seed: int = 0, graph: st
     else:
         arrays = _generate(jax.random.PRNGKey(seed), dtype, edges, nodes, rows, dims)
     x, y, w, g, src, dst = arrays
+    if shared_weights:
+        w = w[0]
     if not conv:
         return Inputs(x, y, w, g)
     if graph == "spatial":

@@ -34,17 +34,17 @@ from .settings import check_assignments, parse_assignments
 
 
 def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concrete: bool = True,
-                        lib: str = "jax_cgtp", graph: str = "random"):
+                        lib: str = "jax_cgtp", graph: str = "random", shared_weights: bool = False):
     """The un-jitted phase function of library ``lib`` on the benchmark row's inputs (a convolution
-    on ``graph``, see :mod:`benchmarks.inputs`), in the library's layout, and those inputs (their
-    shapes only, without ``concrete``)."""
+    on ``graph``, see :mod:`benchmarks.inputs`; one row of weights with ``shared_weights``), in the
+    library's layout, and those inputs (their shapes only, without ``concrete``)."""
     tp = problems.build(config)
     conv = phases.is_conv(phase)
     names = phases.input_names(phase)
     impl = adapter(lib).build(tp, jnp.dtype(dtype), conv, {})
 
     def arrays():
-        arguments = impl.arguments(make_inputs(tp.problem, dtype, edges, conv, graph=graph))
+        arguments = impl.arguments(make_inputs(tp.problem, dtype, edges, conv, graph=graph, shared_weights=shared_weights))
         return tuple(arguments[name] for name in names)
 
     return phases.phase_function(phase, impl.apply), arrays() if concrete else jax.eval_shape(arrays)

@@ -142,8 +142,11 @@ def launch(call: Call, *args):
         for out, value in zip(kernel.outputs, outputs):
             if kernel.chunk_walk and out.flush == "own":
                 chunks[out.call_output] = value
+            elif out.kind == SHARED:  # a chunk walk's partial rows add to the walk's sum
+                before, part = results[out.call_output], value.sum(axis=0)
+                results[out.call_output] = part if before is None else before + part
             else:
-                results[out.call_output] = value.sum(axis=0) if out.kind == SHARED else value
+                results[out.call_output] = value
     return results
 
 

@@ -466,8 +466,8 @@ class KernelSchedule:
         """The outputs that start as an earlier launch's (aliased to arguments after the inputs)."""
         if self.beyond_cap or self.chunk_sum:
             return tuple(range(len(self.outputs)))
-        if self.chunk_walk:
-            return tuple(k for k, out in enumerate(self.outputs) if out.flush != "own")
+        if self.chunk_walk:  # per-edge outputs; owned ones go to chunk rows, SHARED ones to partial rows
+            return tuple(k for k, out in enumerate(self.outputs) if out.flush == "store")
         return ()
 
     @property
@@ -944,7 +944,8 @@ def _chunked(kernel: KernelSchedule, chunk: int) -> list[KernelSchedule]:
 
     A run's k-th chunk (k >= 1) starts at ``off[node] + k * chunk``; two such starts lie at least
     ``chunk`` apart, so the window of sorted positions ``[j * chunk, (j + 1) * chunk)`` holds at most
-    one, and row ``j`` is that chunk's."""
+    one, and row ``j`` is that chunk's. A SHARED output (the deterministic backward's w̄ of shared
+    weights) gets partial rows of the chunk walk's own, which the caller adds to the walk's."""
     owned = tuple(out for out in kernel.outputs if out.flush == "own")
     walk = dataclasses.replace(kernel, lockstep=False, warps_per_block=1, chunk_walk=chunk)
     total = dataclasses.replace(kernel, outputs=owned, slots=(), stage_sizes=(), transpose_size=0, joint=None,
@@ -954,10 +955,8 @@ def _chunked(kernel: KernelSchedule, chunk: int) -> list[KernelSchedule]:
 
 
 def _chunkable(kernel: KernelSchedule) -> bool:
-    """Whether ``kernel`` gives each warp one node's whole run (its owned rows, with no partials: a walk
-    that also sums a SHARED output, the deterministic backward's w̄ of shared weights, keeps whole runs)."""
-    return (kernel.tiling == "segments" and not kernel.has_partials
-            and any(out.flush == "own" for out in kernel.outputs))
+    """Whether ``kernel`` gives each warp one node's whole run (its owned rows)."""
+    return kernel.tiling == "segments" and any(out.flush == "own" for out in kernel.outputs)
 
 
 def _owned_by_grouping(call: Call) -> bool:

@@ -201,12 +201,13 @@ def test_ab_times_each_variant_of_a_setting_on_the_same_row(tmp_path):
 
     rows = ab.main(["--configs", "tiny-uvu", "--phases", "conv_fwd", "--edges", "64", "--rounds", "2", "--calls", "2",
                     "--variant", "base:", "--variant", "plain:jax_cgtp.schedule.WALK_TILE=8"])
-    rows += ab.main(["--configs", "tiny-uvu", "--phases", "conv_fwd", "--edges", "1600", "--graph", "spatial",
-                     "--rounds", "1", "--calls", "2", "--variant", "base:"])
+    rows += ab.main(["--configs", "tiny-uvu", "--phases", "conv_bwd", "--edges", "1600", "--graph", "spatial",
+                     "--shared-weights", "--rounds", "1", "--calls", "2", "--variant", "base:"])
     row, spatial = rows
     assert row["edges"] == 64 and [len(row["ms"][n]) for n in ("base", "plain")] == [2, 2]
     assert all(ms > 0 for times in row["ms"].values() for ms in times)
     assert (row["graph"], spatial["graph"], spatial["edges"]) == ("random", "spatial", 1600)
+    assert (row["shared_weights"], spatial["shared_weights"]) == (False, True)
     saved = tmp_path / "ab.json"
     with pytest.raises(ValueError, match="spatial graph"):  # 64 edges: 4 nodes, too few for 16 neighbours each
         ab.main(["--configs", "tiny-uvu", "--phases", "fwd,conv_fwd", "--edges", "64", "--graph", "spatial",

@@ -177,15 +177,18 @@ def test_atomic_forward_walks_each_runs_first_edges_and_adds_the_rest_on_every_w
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(x, y, w, src, dst), jnp.float64)
 
 
-@pytest.mark.parametrize("lockstep, given", [(False, "grouped"), (True, "graph")])
-def test_deterministic_walks_split_long_runs_into_chunks_added_in_order(lockstep, given, planned_with):
+@pytest.mark.parametrize("lockstep, given, shared", [(False, "grouped", True), (True, "graph", False)])
+def test_deterministic_walks_split_long_runs_into_chunks_added_in_order(lockstep, given, shared, planned_with):
     """Runs longer than ``RUN_CHUNK`` by destination and by source (a padding node's, a hub's): each
     walk over sorted runs walks the runs' first chunk, a second launch walks every later chunk on a
     warp of its own into a row of its own (rows poisoned), and a third adds those rows to the node's
-    in chunk order; every member matches the reference. ``lockstep``: the first walks in step."""
+    in chunk order; every member matches the reference. ``lockstep``: the first walks in step.
+    ``shared``: the backward by source also sums w̄ of shared weights, the chunks into partial rows
+    of their own."""
     planned_with(RUN_CHUNK=4, **({"LOCKSTEP_WARPS": ((0, 2),)} if lockstep else {}))
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
-    x, y, w, src, dst = random_graph(jax.random.PRNGKey(58), kernels, 9, 120, jnp.float64, bad_fraction=0.1)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(58), kernels, 9, 120, jnp.float64, bad_fraction=0.1,
+                                     shared=shared)
     dst = dst.at[::3].set(4)  # node 4 receives 40 edges: ten chunks (eight added at once)
     src = src.at[1::4].set(2)  # node 2 sends 30 edges (some of them to node 4): eight chunks, the last of 2
     conv = with_sorted_graph(kernels) if given == "graph" else kernels
@@ -195,6 +198,7 @@ def test_deterministic_walks_split_long_runs_into_chunks_added_in_order(lockstep
     parts = {(k.segment_role, k.run_cap, k.chunk_walk, k.chunk_sum, k.lockstep) for k in launched if k.tiling == "segments"}
     assert parts == {(r, 4, 0, 0, lockstep) for r in "xz"} | {(r, 0, 4, 0, False) for r in "xz"} | {
         (r, 0, 0, 4, False) for r in "xz"}
+    assert any(k.chunk_walk and k.has_partials for k in launched) == shared
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(x, y, w, src, dst), jnp.float64)
 
 

@@ -371,21 +371,23 @@ def test_convolution_forward_look_ahead_depths_match_reference(dtype, depth, pla
         _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 
-@pytest.mark.parametrize("plan", ["slots", "joint", "lockstep", "stream", "chunks"])
+@pytest.mark.parametrize("plan", ["slots", "joint", "lockstep", "stream", "chunks", "shared_chunks"])
 def test_deterministic_convolution_is_bitwise_reproducible(plan, planned_with):
     """Slot by slot (a random problem), by joint passes (spherical harmonics; walked in lockstep
     too), by weight streams (a fully connected product), and by chunks: runs of 10,000 edges by
-    source and by destination, walked in chunks of ``RUN_CHUNK`` whose rows are added in order."""
+    source and by destination, walked in chunks of ``RUN_CHUNK`` whose rows are added in order
+    (``shared_chunks``: with shared weights, whose w̄ the chunk walks add partial rows to)."""
     if plan == "lockstep":
         planned_with(LOCKSTEP_WARPS=((0, 4),))
-    if plan in ("joint", "lockstep", "chunks"):
+    if plan in ("joint", "lockstep", "chunks", "shared_chunks"):
         cuda, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
     elif plan == "stream":
         cuda, _ = fully_connected_pair(jax_cgtp.TensorProductConv, deterministic=True)
     else:
         cuda, _ = pair(random_problem(720, mode="uvu", lmax=2), jax_cgtp.TensorProductConv, deterministic=True)
-    x, y, w, src, dst = random_graph(jax.random.PRNGKey(9), cuda, 1000, 40_000, jnp.float32)
-    if plan == "chunks":
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(9), cuda, 1000, 40_000, jnp.float32,
+                                     shared=plan == "shared_chunks")
+    if plan in ("chunks", "shared_chunks"):
         src, dst = src.at[30_000:].set(998), dst.at[30_000:].set(999)
     graph = jax_cgtp.sort_graph(src, dst, 1000)
 
@@ -401,17 +403,19 @@ def test_deterministic_convolution_is_bitwise_reproducible(plan, planned_with):
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("deterministic, shared", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_padded_graph_matches_reference(deterministic, dtype):
+def test_padded_graph_matches_reference(deterministic, shared, dtype):
     """A batch padded as ``jraph.pad_with_graphs`` pads it: the last 3,000 of 20,000 edges join a
     padding node to itself (in range), a run of 3,000 edges, and 500 edges point out of range. The
     atomic forward walks each run's first ``OWNED_RUN_CAP`` edges and adds the rest in a second
-    launch; the deterministic walks add chunks of ``RUN_CHUNK`` edges in order. Every member
-    matches the reference with the outputs poisoned."""
+    launch; the deterministic walks add chunks of ``RUN_CHUNK`` edges in order (with ``shared``
+    weights, their w̄ from partial rows). Every member matches the reference with the outputs
+    poisoned."""
     spec = random_problem(741, mode="uvu", lmax=2)
     cuda, reference = pair(spec, jax_cgtp.TensorProductConv, deterministic=deterministic)
-    x, y, w, src, dst = random_graph(jax.random.PRNGKey(41), cuda, 1200, 20_000, dtype, sorted_by_dst=True)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(41), cuda, 1200, 20_000, dtype, sorted_by_dst=True,
+                                     shared=shared)
     src, dst = (a.at[16_500:19_500].set(1199).at[19_500:].set(1205) for a in (src, dst))
     _assert_conv_members_match(cuda, reference, 1200, (x, y, w, src, dst), dtype)
 

@@ -26,6 +26,15 @@ from .call import Call, num_edges, output_shape
 from .operands import INDEXED, SHARED
 
 TARGET = "jax_cgtp_launch"
+# The same handler, registered without the command-buffer trait (COMMAND_BUFFERS = False).
+UNCAPTURED_TARGET = "jax_cgtp_launch_uncaptured"
+# XLA records runs of at least --xla_gpu_graph_min_graph_size (5) of its GPU operations as CUDA
+# graphs (command buffers) and launches each run as one graph, custom calls among them where their
+# target is registered as safe to capture. The launch handler is: for a given call it enqueues the
+# same memsets and kernel launches on XLA's stream, into the buffers XLA passes, and queries
+# nothing (kernels are loaded in its initialize stage). With COMMAND_BUFFERS = False (or
+# $JAX_CGTP_COMMAND_BUFFERS=0 at import), functions lowered afterwards launch every kernel on its own.
+COMMAND_BUFFERS = os.environ.get("JAX_CGTP_COMMAND_BUFFERS", "1") != "0"
 KEEP = 2  # a zero_outputs flag: the output starts as the argument it aliases (neither zeroed nor poisoned)
 _KERNEL_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
@@ -39,7 +48,12 @@ def _register_target() -> None:
             f"jax_cgtp: the C++ extension jax_cgtp._ffi is not built ({error}); reinstall with "
             "`pip install -e .` or use backend='reference'"
         ) from None
-    jax.ffi.register_ffi_target(TARGET, _ffi.registrations()[TARGET], platform="CUDA")
+    from jaxlib.xla_client import CustomCallTargetTraits
+
+    handlers = _ffi.registrations()[TARGET]
+    jax.ffi.register_ffi_target(TARGET, handlers, platform="CUDA",
+                                traits=CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE)
+    jax.ffi.register_ffi_target(UNCAPTURED_TARGET, handlers, platform="CUDA")
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,7 +203,8 @@ def ffi_launch(image, image_id: int, name: str, args, shapes, *, grid: int, bloc
     :data:`KEEP`, it starts as the argument it aliases (``input_output_aliases``); 0, as it is (NaN
     under ``JAX_CGTP_POISON_OUTPUTS=1``)."""
     _register_target()
-    return jax.ffi.ffi_call(TARGET, shapes, input_output_aliases=input_output_aliases)(
+    target = TARGET if COMMAND_BUFFERS else UNCAPTURED_TARGET
+    return jax.ffi.ffi_call(target, shapes, input_output_aliases=input_output_aliases)(
         *args,
         image=image,
         image_id=np.int64(image_id),

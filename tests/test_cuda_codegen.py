@@ -574,6 +574,36 @@ def test_lowered_backward_is_one_self_contained_custom_call(lower_for_sm90):
 
 
 @needs_nvrtc
+def test_launches_lower_to_the_target_xla_may_capture_in_command_buffers(lower_for_sm90, monkeypatch):
+    """The launch target is registered as safe to record in XLA's command buffers (CUDA graphs),
+    and kernels lower to it; with ``COMMAND_BUFFERS = False``, to the same handler registered
+    without that trait."""
+    from jaxlib.xla_client import CustomCallTargetTraits
+
+    registered = {}
+    monkeypatch.setattr(jax.ffi, "register_ffi_target",
+                        lambda name, handlers, platform, **options: registered.update({name: options.get("traits")}))
+    cuda_lowering._register_target.cache_clear()
+    tp = jax_cgtp.channelwise_tensor_product("8x0e+8x1o", "0e+1o", filter_ir_out="0e+1o")
+    x, y, w = (jnp.ones(shape, jnp.float32) for shape in ((5, 32), (5, 4), (5, tp.weight_numel)))
+
+    def targets():
+        exported = export.export(jax.jit(lambda *a: tp(*a)), platforms=["cuda"], disabled_checks=[
+            export.DisabledSafetyCheck.custom_call(t) for t in (cuda_lowering.TARGET, cuda_lowering.UNCAPTURED_TARGET)
+        ])(x, y, w)
+        return re.findall(r"custom_call @(\w+)", exported.mlir_module())
+
+    try:
+        assert targets() == [cuda_lowering.TARGET]
+        monkeypatch.setattr(cuda_lowering, "COMMAND_BUFFERS", False)
+        assert targets() == [cuda_lowering.UNCAPTURED_TARGET]
+        assert registered == {cuda_lowering.TARGET: CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE,
+                              cuda_lowering.UNCAPTURED_TARGET: None}
+    finally:
+        cuda_lowering._register_target.cache_clear()
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("index_dtype", [jnp.int32, jnp.int64])
 def test_atomic_convolution_groups_its_edges_once_per_call(lower_for_sm90, index_dtype):
     """Without ``graph=``, the lowered atomic convolution groups its edges by ``dst`` once (one

@@ -44,7 +44,8 @@ def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concret
     impl = adapter(lib).build(tp, jnp.dtype(dtype), conv, {})
 
     def arrays():
-        arguments = impl.arguments(make_inputs(tp.problem, dtype, edges, conv, graph=graph, shared_weights=shared_weights))
+        inputs = make_inputs(tp.problem, dtype, edges, conv, graph=graph, shared_weights=shared_weights)
+        arguments = impl.arguments(inputs)
         return tuple(arguments[name] for name in names)
 
     return phases.phase_function(phase, impl.apply), arrays() if concrete else jax.eval_shape(arrays)

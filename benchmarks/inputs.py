@@ -99,12 +99,12 @@ def dense_graph(nodes: int, edges: int, seed: int = 0) -> tuple[np.ndarray, np.n
 def _nearest_on_lattice(counts: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``(src, dst)`` of ``len(counts)`` points on a cubic lattice, numbered in lattice order and moved
     by up to a quarter of the spacing: node ``n`` receives from its ``counts[n]`` nearest others."""
-    nodes = len(counts)
+    nodes, most = len(counts), int(counts.max())
     side = math.ceil(round(nodes ** (1 / 3), 9))
     lattice = np.stack(np.unravel_index(np.arange(nodes), (side,) * 3), axis=1).astype(np.float64)
     points = lattice + np.random.default_rng(seed).uniform(-0.25, 0.25, lattice.shape)
-    _, nearest = scipy.spatial.cKDTree(points).query(points, k=int(counts.max()) + 1)  # column 0: the point
-    src = nearest[:, 1:][np.arange(int(counts.max()))[None, :] < counts[:, None]].astype(np.int32)
+    _, nearest = scipy.spatial.cKDTree(points).query(points, k=most + 1)  # column 0: the point itself
+    src = nearest[:, 1:][np.arange(most)[None, :] < counts[:, None]].astype(np.int32)
     dst = np.repeat(np.arange(nodes, dtype=np.int32), counts)
     return src, dst
 

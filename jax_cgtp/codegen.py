@@ -188,8 +188,7 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w("const long long seg = base + (threadIdx.x >> 5);")
         w("long long seg_begin, seg_end;")
         w(f"cgtp_run(off_{r}, seg, rows_{r}, seg_begin, seg_end);")
-        w("const long long own_row = seg;  // the row of the owned outputs this warp writes")
-        _emit_owned_zeros(w, schedule)
+        _emit_own_row(w, schedule, "seg")
         if schedule.run_cap:
             cap = schedule.run_cap
             w(f"// the runs' first {cap} edges: the next launches add the rest of a longer run")
@@ -272,12 +271,17 @@ def _open_run_walk(w: Writer, schedule: KernelSchedule, own_row: str, walked: st
     """Open the loop over sorted positions ``[seg_begin, seg_end)`` of the segment role, 32 at a
     time, the owned outputs written to row ``own_row`` (zeros first where no edge or path writes);
     the lane's edge of the tile."""
-    w(f"const long long own_row = {own_row};  // the row of the owned outputs this warp writes")
-    _emit_owned_zeros(w, schedule)
+    _emit_own_row(w, schedule, own_row)
     w.open("for (long long first = seg_begin; first < seg_end; first += 32)")
     w(f"const bool fresh = first == seg_begin;  // the {walked}'s first edges store, later ones add")
     w("const int count = (int)(seg_end - first < 32 ? seg_end - first : 32);")
     return f"lane < count ? perm_{schedule.segment_role}[first + lane] : I(0)"
+
+
+def _emit_own_row(w: Writer, schedule: KernelSchedule, own_row: str) -> None:
+    """Declare ``own_row``, the row of the owned outputs this warp writes, and write its zeros."""
+    w(f"const long long own_row = {own_row};  // the row of the owned outputs this warp writes")
+    _emit_owned_zeros(w, schedule)
 
 
 def _emit_lane_edges(w: Writer, schedule: KernelSchedule, edge: str) -> None:

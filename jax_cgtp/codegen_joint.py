@@ -427,8 +427,9 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
     z row changes (a convolution's edges sorted by ``dst``: once per node and tile). The x chunks
     stay in registers, and x̄ accumulates, while the x row stays the same; x̄ is flushed (stored,
     atomically added, or written by the warp that owns a deterministic launch's source run; added
-    to by the later groups of its x block) when it changes. w̄ is written per edge, and each
-    edge's ȳ summed over the warp into the tile's rows in shared memory, stored at the end. A z
+    to by the later groups of its x block) when it changes. w̄ is written per edge (of shared
+    weights: summed in registers over the warp's edges and added to its partial row per chunk),
+    and each edge's ȳ summed over the warp into the tile's rows in shared memory, stored at the end. A z
     output (the force loss's second derivative) accumulates in registers while its row stays the
     same, as in the forward. The next edge's weights, and its x chunks when its row differs, are
     loaded while the current edge computes."""
@@ -458,6 +459,9 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
         accumulators = _declare_z_chunks(w, paths) if z_out else []
         if "x" in outs:
             w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
+        summed = _summed_weight_paths(schedule, paths)
+        if summed:  # w̄ of shared weights: the lane's sums over the warp's edges
+            w(f"T {', '.join(f'gw{p.ins_index} = T(0)' for p in summed)};")
         # the next edge's x chunk is needed only when its source differs from the one held then
         x_ahead = f"row_x != (ok ? {x_row} : cur_x)"
         _emit_ahead(w, schedule, x_offset, dim, paths, "row_x != cur_x")
@@ -467,7 +471,7 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
         weights = _take_ahead(w, schedule, dim, paths)
         _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1", x_ahead)
         w.open("if (!ok)")
-        if "w" in outs:
+        if "w" in outs and not summed:
             out = schedule.outputs[outs["w"]]
             for path in paths:
                 if path.w_offset is not None:
@@ -527,6 +531,10 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
             w.open(f"if ({condition})")
             _emit_z_flush(w, schedule, paths, accumulators, row)
             w.close()
+        if summed:  # added to the warp's partial row, which no other warp writes
+            k = outs["w"]
+            for p in summed:
+                w(f"if (active) out{k}[warp * {schedule.outputs[k].dim}LL + {p.w_offset} + lc] += gw{p.ins_index};")
         w.close()
     if "y" in outs:
         out = schedule.outputs[outs["y"]]
@@ -539,6 +547,15 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
         else:  # a tile's edges are consecutive rows
             w(f"for (int q = lane; q < count * {y_dim}; q += 32) out{outs['y']}[first * {out.dim}LL + q] = ysum[q];")
         w("__syncwarp();")
+
+
+def _summed_weight_paths(schedule: KernelSchedule, paths) -> list[JointPath]:
+    """The weighted ``paths`` whose w̄ the walk sums over its edges: all of them when w̄ is SHARED
+    (one row for every edge), none when it is written per edge."""
+    outs = dict(schedule.joint.outputs)
+    if "w" not in outs or schedule.outputs[outs["w"]].kind != SHARED:
+        return []
+    return [p for p in paths if p.w_offset is not None]
 
 
 def _y_sum_values(joint, reached) -> tuple[int, list[str]]:
@@ -602,7 +619,10 @@ def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, weigh
     if "w" in outs and path.w_offset is not None:
         out = schedule.outputs[outs["w"]]
         gradient = _weight_gradient(schedule, path, through_z)
-        w(f"if (active) out{outs['w']}[e * {out.dim}LL + {path.w_offset} + lc] = {gradient};")
+        if out.kind == SHARED:  # summed over the warp's edges (_summed_weight_paths)
+            w(f"if (active) gw{path.ins_index} += {gradient};")
+        else:
+            w(f"if (active) out{outs['w']}[e * {out.dim}LL + {path.w_offset} + lc] = {gradient};")
     if staged:
         w("__syncwarp();")
     w.close()

@@ -640,7 +640,7 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
     It applies when every path is ``uvu`` with a one-channel y block (spherical harmonics) and
     the launch is the forward (z BATCHED, or INDEXED: a convolution; one path per z block) or a
     backward producing ȳ or at least two of x̄, ȳ, w̄ (any of them when z̄ is gathered by ``dst``:
-    the walk then stages it once per run). ȳ alone is joint because its slots, one per y block,
+    the walk then stages it once per run, and sums w̄ of shared weights in the warp's partial row). ȳ alone is joint because its slots, one per y block,
     would each re-read their paths' x chunks. A launch over sorted runs walks one node's edges
     at a time, so its scattered rows belong to the warp (written once per run, not added
     atomically).
@@ -663,7 +663,8 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
     by_destination = call.kind("z") == INDEXED
     if not by_destination and set(roles) in ({"x"}, {"w"}):
         return None
-    if any(o.kind not in WALK_KINDS[o.role] for o in outputs):
+    if any(o.kind not in WALK_KINDS[o.role] and not (by_destination and o.role == "w" and o.kind == SHARED)
+           for o in outputs):
         return None
     terms = _joint_terms(call, outputs)
     arrays = tuple(sorted({factor for t in terms for factor in t.factors}))

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
-from family_members import backward_call, high_l_pair, long_code_pair
+from family_members import backward_call, high_l_pair, long_code_pair, spherical_harmonics_pair
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -529,17 +529,19 @@ def test_nvrtc_compiles_every_member_of_random_problems(lower_for_sm90, dtype):
 @needs_nvrtc
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_nvrtc_compiles_convolution_kernels(lower_for_sm90, deterministic, planned_with):
-    """Every launch of the gradients of both modes, on 300 edges over 5 nodes: runs of 60 edges, so
-    that each deterministic walk is three launches, its runs' first chunk, the later chunks and their
-    sums (``schedule.RUN_CHUNK`` = 50 here)."""
+    """Every launch of the gradients of both modes, and of joint passes with shared weights, on 300
+    edges over 5 nodes: runs of 60 edges, so that each deterministic walk is three launches, its
+    runs' first chunk, the later chunks and their sums (``schedule.RUN_CHUNK`` = 50 here)."""
+    convs = []
     for mode in ("uvu", "uvw"):
-        spec = random_problem(40, mode=mode, lmax=2)
-        irreps_in1, irreps_in2, irreps_out, instructions, normalization = spec
-        conv = jax_cgtp.TensorProductConv(irreps_in1, irreps_in2, irreps_out, instructions, **normalization,
-                                          deterministic=deterministic)
+        irreps_in1, irreps_in2, irreps_out, instructions, normalization = random_problem(40, mode=mode, lmax=2)
+        convs.append((jax_cgtp.TensorProductConv(irreps_in1, irreps_in2, irreps_out, instructions, **normalization,
+                                                 deterministic=deterministic), False))
+    convs.append((spherical_harmonics_pair(jax_cgtp.TensorProductConv, "auto", deterministic=deterministic)[0], True))
+    for conv, shared in convs:
         x = jnp.ones((5, conv.irreps_in1.dim))
         y = jnp.ones((300, conv.irreps_in2.dim))
-        w = jnp.ones((300, conv.weight_numel))
+        w = jnp.ones((conv.weight_numel,) if shared else (300, conv.weight_numel))
         src = dst = jnp.arange(300, dtype=jnp.int32) % 5
 
         def loss(x, y, w):
@@ -551,6 +553,8 @@ def test_nvrtc_compiles_convolution_kernels(lower_for_sm90, deterministic, plann
         parts = [(k.run_cap, k.chunk_walk, k.chunk_sum) for k in walks]
         if deterministic:  # (the atomic gradients walk tiles)
             assert len(walks) >= 3 and parts == [(50, 0, 0), (0, 50, 0), (0, 0, 50)] * (len(walks) // 3)
+        if shared:
+            assert any(k.joint is not None and k.has_partials for k in cuda_lowering.planned_kernels(grads, x, y, w))
         assert cuda_lowering.precompile(grads, x, y, w) >= 2
 
 

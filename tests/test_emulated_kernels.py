@@ -108,6 +108,23 @@ def test_convolution_matches_reference(deterministic, seed):
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_joint_passes_of_the_convolution_sum_shared_weights_in_partial_rows(deterministic, planned_with):
+    """With weights shared by every edge, the convolution's joint backward passes (the fused backward,
+    the second derivative's) sum w̄ over each warp's edges in registers and add it to the warp's
+    partial row; every member matches the reference. One block of partials: each warp walks several
+    tiles or runs, whose sums its row adds up."""
+    planned_with(MAX_PARTIAL_BLOCKS=1)
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto",
+                                                  deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(59), kernels, 12, 300, jnp.float64, bad_fraction=0.1, shared=True)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, kernels, 12))(*args)
+    summing = [k for k in kernel_emulator.launched()[before:] if k.joint is not None and k.has_partials]
+    assert len(summing) >= 2 and all(dict(k.joint.outputs).keys() >= {"w"} for k in summing)
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 12))(*args), jnp.float64)
+
+
 @pytest.mark.parametrize("index_dtype", [jnp.int32, jnp.int64])
 @pytest.mark.parametrize("edges, rows, order", [(0, 11, "random"), (1, 11, "random"), (1000, 11, "random"),
                                                 (2500, 20_000, "random"), (2500, 20_000, "sorted"),

@@ -234,6 +234,16 @@ def test_joint_passes_of_the_convolution_match_reference(dtype, sorted_by_dst, d
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_joint_passes_of_the_convolution_sum_shared_weights(dtype, deterministic):
+    """Weights shared by every edge: the joint backward passes sum w̄ over each warp's edges in
+    registers and add it to the warp's partial row; every member matches the reference."""
+    cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(44), cuda, 300, 5000, dtype, bad_fraction=0.05, shared=True)
+    _assert_conv_members_match(cuda, reference, 300, args, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("sorted_by_dst", [False, True])
 @pytest.mark.parametrize("make_pair", [spherical_harmonics_pair, high_l_pair, fully_connected_pair])
 def test_atomic_convolution_with_a_sorted_graph_matches_reference(dtype, sorted_by_dst, make_pair):

@@ -118,7 +118,13 @@ WALK_GROUP_TERMS_BY_DESTINATION = 512
 WIDE_GROUP_TERMS_BY_DESTINATION = 1024
 WIDE_GROUP_MIN_TERMS = {4: 3, 8: 2}  # by item size: 3 terms in float32, 2 in float64
 WALK_TILE = 16  # edges per tile of a product's walk
-Z_WITH_BACKWARD_MAX_TERMS = 1 << 30
+# A convolution's launch of z next to x̄, ȳ and w̄ (the force loss's second derivative when x, y
+# and w all depend on the positions: 9 terms) keeps them in one walk by destination only up to
+# this many CG terms; above it z gets a walk of its own. Apart, the float32 conv_train took 0.62x
+# the time on nequip-revmd17-benzene (10,998 terms: 27.6 -> 17.0 ms; together, 238 registers and
+# warps stalled on instruction fetch), 0.86x on sevennet-l3-c32 (5,499), 0.98x on mace-l2-c128
+# (3,159), but 1.10x on nequip-l2-c32 (1,233) (H200, same process; results/nvidia-h200/z-apart).
+Z_WITH_BACKWARD_MAX_TERMS = 2048
 # They load the weights of a chunk's weighted paths at once, in batches of at most this many
 # registers (12 paths in float64), so that l <= 5 blocks (24 paths) do not spill.
 CHUNK_WEIGHT_REGISTERS = 24

@@ -118,6 +118,13 @@ WALK_GROUP_TERMS_BY_DESTINATION = 512
 WIDE_GROUP_TERMS_BY_DESTINATION = 1024
 WIDE_GROUP_MIN_TERMS = {4: 3, 8: 2}  # by item size: 3 terms in float32, 2 in float64
 WALK_TILE = 16  # edges per tile of a product's walk
+# A convolution's launch of z next to x̄, ȳ and w̄ (the force loss's second derivative when x, y
+# and w all depend on the positions: 9 terms) keeps them in one walk by destination only up to
+# this many CG terms; above it z gets a walk of its own. Apart, the float32 conv_train took 0.62x
+# the time on nequip-revmd17-benzene (10,998 terms: 27.6 -> 17.0 ms; together, 238 registers and
+# warps stalled on instruction fetch), 0.86x on sevennet-l3-c32 (5,499), 0.98x on mace-l2-c128
+# (3,159), but 1.10x on nequip-l2-c32 (1,233) (H200, same process; results/nvidia-h200/z-apart).
+Z_WITH_BACKWARD_MAX_TERMS = 2048
 # They load the weights of a chunk's weighted paths at once, in batches of at most this many
 # registers (12 paths in float64), so that l <= 5 blocks (24 paths) do not spill.
 CHUNK_WEIGHT_REGISTERS = 24
@@ -827,7 +834,8 @@ def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
 
 
 def _apart_from_z(call: Call, outputs: list[int], segment_role: str | None):
-    """The launches of ``outputs``: z apart from the others unless it is scattered by ``dst``.
+    """The launches of ``outputs``: z apart from the others unless it is scattered by ``dst`` and
+    their pass has at most :data:`Z_WITH_BACKWARD_MAX_TERMS` CG terms.
 
     The forward's accumulators and the backward's do not fit in the registers together (the
     force-loss second derivative of sevennet-l3-c32's product: 255 registers and spills in one
@@ -835,9 +843,17 @@ def _apart_from_z(call: Call, outputs: list[int], segment_role: str | None):
     the z accumulators and the staged z̄ on ``dst``.
     """
     z = [k for k in outputs if call.outputs[k].role == "z"]
-    if call.kind("z") == INDEXED or not z or len(z) == len(outputs):
+    if not z or len(z) == len(outputs):
+        return [(outputs, segment_role)]
+    if call.kind("z") == INDEXED and _pass_terms(call, outputs) <= Z_WITH_BACKWARD_MAX_TERMS:
         return [(outputs, segment_role)]
     return [([k for k in outputs if k not in z], segment_role), (z, segment_role)]
+
+
+def _pass_terms(call: Call, outputs: list[int]) -> int:
+    """The CG terms of one joint pass over ``outputs`` (:attr:`JointPass.cg_terms`)."""
+    nonzeros = sum(len(cg_nonzeros(call.problem, ins)) for ins in call.problem.instructions if ins.is_active)
+    return nonzeros * sum(len(call.outputs[k].terms) for k in outputs)
 
 
 def shared_tile_for(edges: int) -> int:

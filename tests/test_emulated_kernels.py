@@ -475,12 +475,17 @@ def test_convolution_forward_with_path_groups_matches_reference(sorted_by_dst, p
     assert_close(actual, jax.jit(reference, static_argnums=5)(x, y, w, src, dst, 9), jnp.float64)
 
 
-@pytest.mark.parametrize("sorted_by_dst, deterministic", [(False, False), (True, False), (False, True)])
-def test_second_derivatives_of_the_convolution_are_joint_passes(sorted_by_dst, deterministic):
+@pytest.mark.parametrize("sorted_by_dst, deterministic, z_apart",
+                         [(False, False, False), (True, False, False), (False, True, False), (False, False, True)])
+def test_second_derivatives_of_the_convolution_are_joint_passes(sorted_by_dst, deterministic, z_apart, planned_with):
     """The force loss's second derivative when x, y and w all depend on the positions: x̄, ȳ, w̄
     and z, sums of terms over two inputs of each of x, y and w, in one walk by destination
-    (atomic), or a walk by source and a forward by destination (deterministic). Two paths have
-    no weights, so that the terms of the weights' tangent skip them."""
+    (atomic, up to ``Z_WITH_BACKWARD_MAX_TERMS`` CG terms), or z in a forward by destination of
+    its own (atomic above that: ``z_apart`` sets it to 0; deterministic: a walk by source and a
+    forward by destination). Two paths have no weights, so that the terms of the weights'
+    tangent skip them."""
+    if z_apart:
+        planned_with(Z_WITH_BACKWARD_MAX_TERMS=0)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", unweighted=(1, 6),
                                                   deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(49), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
@@ -490,8 +495,9 @@ def test_second_derivatives_of_the_convolution_are_joint_passes(sorted_by_dst, d
     launched = kernel_emulator.launched()[before:]
     assert all(k.joint is not None for k in launched)
     terms = ["".join(sorted(t.role for t in k.joint.terms)) for k in launched]
-    assert ("wwxxyyzzz" in terms) != deterministic
-    assert ("wwxxyy" in terms and "zzz" in terms) == deterministic
+    apart = deterministic or z_apart
+    assert ("wwxxyyzzz" in terms) != apart
+    assert ("wwxxyy" in terms and "zzz" in terms) == apart
     assert_close(actual, jax.jit(functools.partial(conv_second_derivatives, reference, 9))(*args), jnp.float64)
 
 

@@ -321,6 +321,18 @@ def test_single_operand_gradients_of_the_convolution_match_reference(determinist
 def test_second_derivatives_of_the_convolution_match_reference(dtype, sorted_by_dst, deterministic):
     """The force loss's second derivative when x, y and w all depend on the positions: outputs that
     are sums of terms over two inputs of each role, in joint walks; two paths without weights."""
+    _assert_conv_second_derivatives_match(dtype, sorted_by_dst, deterministic)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_second_derivatives_of_the_convolution_with_z_apart_match_reference(dtype, planned_with):
+    """The atomic launches of the force loss's second derivative with z in a forward walk of its
+    own, as for passes of more than ``Z_WITH_BACKWARD_MAX_TERMS`` CG terms (0 here)."""
+    planned_with(Z_WITH_BACKWARD_MAX_TERMS=0)
+    _assert_conv_second_derivatives_match(dtype, sorted_by_dst=False, deterministic=False)
+
+
+def _assert_conv_second_derivatives_match(dtype, sorted_by_dst, deterministic):
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, unweighted=(1, 6),
                                                deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(49), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)

@@ -154,7 +154,7 @@ def launch(call: Call, *args):
         into = [results[kernel.outputs[k].call_output] for k in kernel.kept]
         outputs = run_kernel(kernel, args + extra + into, shapes, grid, scalars)
         for out, value in zip(kernel.outputs, outputs):
-            if kernel.chunk_walk and out.flush == "own":
+            if kernel.writes_chunk_rows(out):
                 chunks[out.call_output] = value
             elif out.kind == SHARED:  # a chunk walk's partial rows add to the walk's sum
                 before, part = results[out.call_output], value.sum(axis=0)
@@ -169,7 +169,7 @@ def _launch_shape(call: Call, kernel: schedule.KernelSchedule, out, edges: int, 
     chunk for a chunk walk's owned output, else the call's."""
     if out.kind == SHARED:
         return partial_rows, out.dim
-    if kernel.chunk_walk and out.flush == "own":
+    if kernel.writes_chunk_rows(out):
         return schedule.chunk_rows(edges, kernel.chunk_walk), out.dim
     return output_shape(call, out.role, edges)
 

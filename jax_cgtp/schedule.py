@@ -477,6 +477,11 @@ class KernelSchedule:
             return tuple(k for k, out in enumerate(self.outputs) if out.flush == "store")
         return ()
 
+    def writes_chunk_rows(self, out: KernelOutput) -> bool:
+        """Whether ``out`` goes to rows of its own, one per chunk (:func:`chunk_rows`): a chunk
+        walk's owned output, which the chunk sum then adds to its nodes' rows."""
+        return bool(self.chunk_walk) and out.flush == "own"
+
     @property
     def chunk_sum_blocks(self) -> int:
         """A chunk sum's blocks of 32 columns over its outputs: a warp per 32 nodes and block."""
@@ -647,10 +652,10 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
     It applies when every path is ``uvu`` with a one-channel y block (spherical harmonics) and
     the launch is the forward (z BATCHED, or INDEXED: a convolution; one path per z block) or a
     backward producing ȳ or at least two of x̄, ȳ, w̄ (any of them when z̄ is gathered by ``dst``:
-    the walk then stages it once per run, and sums w̄ of shared weights in the warp's partial row). ȳ alone is joint because its slots, one per y block,
-    would each re-read their paths' x chunks. A launch over sorted runs walks one node's edges
-    at a time, so its scattered rows belong to the warp (written once per run, not added
-    atomically).
+    the walk then stages it once per run, and sums w̄ of shared weights in the warp's partial
+    row). ȳ alone is joint because its slots, one per y block, would each re-read their paths'
+    x chunks. A launch over sorted runs walks one node's edges at a time, so its scattered rows
+    belong to the warp (written once per run, not added atomically).
 
     z may be an output next to backward ones, and an output may be a sum of terms over several
     inputs of x, y and w (the force loss's second derivative); z̄ comes from one input.

@@ -17,6 +17,8 @@ here, both 13.0, allocate registers differently for some kernels (nequip-revmd17
 convolution forward: 168 registers there, 158 here), so for exact numbers run it there too::
 
     python -m benchmarks.kernel_stats --configs mace-l2-c128 --phases conv_fwd --dtype float32
+
+``--set`` plans the kernels under other settings (``--set jax_cgtp.schedule.Z_WITH_BACKWARD_MAX_TERMS=0``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from jax_cgtp.cuda_lowering import planned_kernels
 from . import configs, phases
 from .profile import phase_and_arguments
 from .run import _list
+from .settings import apply_option
 
 INSTRUCTION_BYTES = 16
 _REGCOUNT, _FRAME_SIZE = 0x2F, 0x11  # EIATTR_REGCOUNT, EIATTR_FRAME_SIZE: (symbol, value) pairs
@@ -107,7 +110,10 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", type=_list, default=list(configs.DTYPES))
     parser.add_argument("--libs", type=_list, default=["jax_cgtp", "jax_cgtp_det"])
     parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--set", default="", metavar="module.ATTR=VALUE;...",
+                        help="settings of jax_cgtp's generator or scheduler, as benchmarks.ab's --variant takes them")
     args = parser.parse_args(argv)
+    apply_option(parser, "--set", args.set)
     names = [c for name in args.configs for c in configs.SUITES.get(name, (name,))]
     for label, chosen, allowed in (("config", names, configs.CONFIGS), ("phase", args.phases, configs.ALL_PHASES),
                                    ("dtype", args.dtype, configs.DTYPES), ("lib", args.libs, VARIANTS)):

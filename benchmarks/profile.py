@@ -18,19 +18,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import importlib
 import sys
 
 import jax
 import jax.numpy as jnp
 
 from jax_cgtp import schedule
-from jax_cgtp.cuda_lowering import clear_kernel_caches, planned_kernels
+from jax_cgtp.cuda_lowering import planned_kernels
 
 from . import configs, phases, problems
 from .inputs import make_inputs
 from .peers import LIBRARIES, OPTIONAL_LIBRARIES, adapter
-from .settings import check_assignments, parse_assignments
+from .settings import apply_option
 
 
 def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concrete: bool = True,
@@ -85,15 +84,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.launches and not args.lib.startswith("jax_cgtp"):
         parser.error("--launches plans jax_cgtp's kernels; it needs --lib jax_cgtp or jax_cgtp_det")
-    try:
-        settings = parse_assignments(args.set)
-        check_assignments(settings)
-    except (ValueError, SyntaxError, ImportError) as error:
-        parser.error(f"--set: {error}")
-    for module, attribute, value in settings:
-        setattr(importlib.import_module(module), attribute, value)
-    if settings:
-        clear_kernel_caches()  # launches planned under other settings
+    apply_option(parser, "--set", args.set)
     jax.config.update("jax_enable_x64", True)
     fn, arguments = phase_and_arguments(args.config, args.phase, args.dtype, args.edges or configs.EDGES[args.dtype],
                                         concrete=not args.launches, lib=args.lib)

@@ -28,3 +28,20 @@ def check_assignments(assignments) -> None:
     for module, attribute, _ in assignments:
         if not hasattr(importlib.import_module(module), attribute):
             raise ValueError(f"{module} has no attribute {attribute}")
+
+
+def apply_option(parser, option: str, text: str) -> None:
+    """Assign the settings of command-line ``option`` (``module.ATTR=VALUE;...``) for this process;
+    ``parser.error`` on one that does not parse or names no existing attribute. jax_cgtp's kernel
+    caches are cleared, since they hold launches planned under the settings before."""
+    from jax_cgtp.cuda_lowering import clear_kernel_caches
+
+    try:
+        assignments = parse_assignments(text)
+        check_assignments(assignments)
+    except (ValueError, SyntaxError, ImportError) as error:
+        parser.error(f"{option}: {error}")
+    for module, attribute, value in assignments:
+        setattr(importlib.import_module(module), attribute, value)
+    if assignments:
+        clear_kernel_caches()

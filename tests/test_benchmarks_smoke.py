@@ -177,6 +177,22 @@ def test_kernel_stats_reads_registers_and_code_size_from_each_cubin(lower_for_sm
     assert "unknown lib cueq" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
+def test_kernel_stats_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, planned_with):
+    """``--set`` applies scheduler settings before the kernels are planned: with z apart from x̄, ȳ
+    and w̄ at any size, the convolution's force-loss second derivative is one launch more."""
+    from benchmarks import kernel_stats
+    from jax_cgtp import schedule
+
+    planned_with(Z_WITH_BACKWARD_MAX_TERMS=schedule.Z_WITH_BACKWARD_MAX_TERMS)  # restored after the test
+    launches = []
+    for settings in ("", "jax_cgtp.schedule.Z_WITH_BACKWARD_MAX_TERMS=0"):
+        kernel_stats.main(["--configs", "tiny-uvu", "--phases", "conv_train", "--dtype", "float32", "--libs", "jax_cgtp",
+                           "--set", settings])
+        launches.append(len(capsys.readouterr().out.splitlines()) - 1)
+    assert launches[1] == launches[0] + 1
+
+
 def test_profile_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, planned_with):
     """``--set`` applies scheduler settings before the phase is traced (here: the look-ahead ring of
     the forward, a walk over destination runs, off), and refuses a setting that does not exist."""

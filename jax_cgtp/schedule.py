@@ -839,18 +839,22 @@ def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
 
 
 def _apart_from_z(call: Call, outputs: list[int], segment_role: str | None):
-    """The launches of ``outputs``: z apart from the others unless it is scattered by ``dst`` and
-    their pass has at most :data:`Z_WITH_BACKWARD_MAX_TERMS` CG terms.
+    """The launches of ``outputs``: z apart from the others unless it is scattered by ``dst``, and
+    then apart too in an atomic launch whose pass has more than :data:`Z_WITH_BACKWARD_MAX_TERMS`
+    CG terms.
 
     The forward's accumulators and the backward's do not fit in the registers together (the
     force-loss second derivative of sevennet-l3-c32's product: 255 registers and spills in one
     launch, 96 and 147 in two). A walk by destination keeps them together, since it keys both
-    the z accumulators and the staged z̄ on ``dst``.
+    the z accumulators and the staged z̄ on ``dst``. A deterministic walk over ``dst`` runs always
+    does: its owned z rows are what its long runs are split into chunks by (ȳ and w̄ alone would
+    walk each run whole).
     """
     z = [k for k in outputs if call.outputs[k].role == "z"]
     if not z or len(z) == len(outputs):
         return [(outputs, segment_role)]
-    if call.kind("z") == INDEXED and _pass_terms(call, outputs) <= Z_WITH_BACKWARD_MAX_TERMS:
+    if call.kind("z") == INDEXED and (segment_role is not None
+                                      or _pass_terms(call, outputs) <= Z_WITH_BACKWARD_MAX_TERMS):
         return [(outputs, segment_role)]
     return [([k for k in outputs if k not in z], segment_role), (z, segment_role)]
 

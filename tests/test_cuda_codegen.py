@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
-from family_members import backward_call, high_l_pair, long_code_pair, spherical_harmonics_pair
+from family_members import backward_call, high_l_pair, long_code_pair, random_graph, spherical_harmonics_pair
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -316,6 +316,27 @@ def test_launches_fit_the_shared_memory_of_a_block(monkeypatch):
     monkeypatch.setattr(schedule, "MAX_BLOCK_SHARED_BYTES", 4096)
     with pytest.raises(ValueError, match=r"needs \d+ bytes of shared memory, more than the 4096 of a block.*2e"):
         schedule.plan(call, "double", "int")
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_only_the_atomic_convolution_walks_z_apart_above_the_limit(deterministic, monkeypatch):
+    """The second derivative of the force loss w.r.t. y and w (x̄ not needed) with
+    ``Z_WITH_BACKWARD_MAX_TERMS`` at 0: the atomic walk by destination puts z in a launch of its
+    own; the deterministic one keeps ȳ and w̄ with its owned z rows, by which long runs are
+    chunked."""
+    monkeypatch.setattr(schedule, "Z_WITH_BACKWARD_MAX_TERMS", 0)
+    cuda_lowering._plan.cache_clear()
+    conv, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(1), conv, 9, 50, jnp.float32)
+
+    def force_loss(y, w):
+        gy, gw = jax.grad(lambda *a: jnp.sum(conv(x, *a, src, dst, 9) ** 2), argnums=(0, 1))(y, w)
+        return jnp.sum(gy * gy) + jnp.sum(gw * gw)
+
+    launches = [sorted(out.role for out in k.outputs) for k in
+                cuda_lowering.planned_kernels(jax.grad(force_loss, argnums=(0, 1)), y, w) if not k.chunk_sum]
+    cuda_lowering._plan.cache_clear()
+    assert any("y" in roles and "z" in roles for roles in launches) == deterministic, launches
 
 
 def test_deterministic_convolution_reduces_each_node_in_one_warp():

@@ -109,7 +109,9 @@ EDGE_Y_REGISTERS = 16
 # and 2,048 terms, and 15.5, 4.7 and 4.4 ms in float64 with 512, 768 and 1,024. The double
 # backward's x̄ + w̄ pass (two terms) took 0.64x its time with 1,024 in float64 but 1.07x in float32,
 # and its ȳ pass (one term) 1.23-1.39x. The deterministic fused backward (x̄ owned by src) took
-# 1.32x with 1,024 in float32 (H100, same process; benchmarks/results/.../wide-groups).
+# 1.32x with 1,024 in float32 (H100, same process; benchmarks/results/.../wide-groups), but 0.82x
+# in float64 (24.1 -> 19.7 ms, and 29.4 with 2,048; 1.35x in float32; .../det-wide-groups), so
+# a backward that owns x̄ walks wide groups in float64 alone (WIDE_GROUP_MIN_OWNED_TERMS).
 WALK_TERMS = 4096
 MULTI_TERM_WALK_TERMS = 1000
 WALK_GROUP_TERMS = 1024
@@ -117,6 +119,7 @@ GROUPED_TERMS_BY_DESTINATION = 4096
 WALK_GROUP_TERMS_BY_DESTINATION = 512
 WIDE_GROUP_TERMS_BY_DESTINATION = 1024
 WIDE_GROUP_MIN_TERMS = {4: 3, 8: 2}  # by item size: 3 terms in float32, 2 in float64
+WIDE_GROUP_MIN_OWNED_TERMS = {8: 2}  # by item size: 2 terms in float64, never in float32
 WALK_TILE = 16  # edges per tile of a product's walk
 # A convolution's launch of z next to x̄, ȳ and w̄ (the force loss's second derivative when x, y
 # and w all depend on the positions: 9 terms) keeps them in one walk by destination only up to
@@ -667,7 +670,8 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
     walks the tile's edges too, in groups of at most :data:`WALK_GROUP_TERMS`; a convolution's
     pass of more than :data:`GROUPED_TERMS_BY_DESTINATION` walks in groups of at most
     :data:`WALK_GROUP_TERMS_BY_DESTINATION` (:data:`WIDE_GROUP_TERMS_BY_DESTINATION` for a backward
-    that adds x̄ atomically with at least :data:`WIDE_GROUP_MIN_TERMS` terms).
+    that adds x̄ atomically with at least :data:`WIDE_GROUP_MIN_TERMS` terms, or owns it with at
+    least :data:`WIDE_GROUP_MIN_OWNED_TERMS`).
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs):
@@ -711,8 +715,9 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
             limit = min(limit, SCATTER_Z_COMPONENTS.get(itemsize, limit))
         limits.append(lambda group: sum(p.z_dim for p in group) <= limit)
     if by_destination and total > GROUPED_TERMS_BY_DESTINATION:
-        wide = (any(o.role == "x" and o.flush == "atomic" for o in outputs)
-                and len(terms) >= WIDE_GROUP_MIN_TERMS[itemsize])
+        x_flush = next((o.flush for o in outputs if o.role == "x"), None)
+        minimum = {"atomic": WIDE_GROUP_MIN_TERMS, "own": WIDE_GROUP_MIN_OWNED_TERMS}.get(x_flush, {}).get(itemsize)
+        wide = minimum is not None and len(terms) >= minimum
         group_terms = WIDE_GROUP_TERMS_BY_DESTINATION if wide else WALK_GROUP_TERMS_BY_DESTINATION
         limits.append(lambda group: code(group) <= group_terms)
     walk = by_destination or total > (WALK_TERMS if len(terms) == 1 else MULTI_TERM_WALK_TERMS)

@@ -215,7 +215,8 @@ def test_long_code_walks_the_tile_in_path_groups(dtype):
     """``long_code_pair`` has 4,885 CG nonzeros: its forward (one term) and fused backward (three)
     walk tiles of 16 edges, each x block in consecutive groups of at most 1,024 terms (a path
     with more alone), the paths in order. The convolution's fused backward by destination groups
-    at most 1,024 terms when it adds x̄ atomically and 512 when its warps own x̄ (deterministic).
+    at most 1,024 terms when it adds x̄ atomically, and when its warps own x̄ (deterministic) in
+    float64; 512 when they own it in float32.
     A MACE forward keeps one edge per tile, and mace-l2-c128's fused backward (1,053 terms) walks
     in whole x blocks."""
     problem = long_code_pair(kernels="auto")[0].problem
@@ -238,12 +239,12 @@ def test_long_code_walks_the_tile_in_path_groups(dtype):
                              deterministic=deterministic)
         (conv,) = schedule.plan(call, dtype, "int")
         assert conv.tile == schedule.TILE_INDEXED
-        limit = 512 if deterministic else 1024
+        limit = 512 if deterministic and dtype == "float" else 1024
         group_terms = [3 * sum(len(p.nonzeros) for p in paths) for *_, paths in conv.joint.blocks]
         assert all(t <= limit for t, (*_, paths) in zip(group_terms, conv.joint.blocks) if len(paths) > 1)
         assert max(group_terms) > limit // 2
         conv_groups[deterministic] = len(conv.joint.blocks)
-    assert conv_groups[True] > conv_groups[False]
+    assert (conv_groups[True] > conv_groups[False]) == (dtype == "float")
     x_and_w = Call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10), ("x", "y", "w", "z"),
                    (Output("x", (Term((1, 2, 3)),)), Output("w", (Term((0, 1, 3)),))), False)
     (two_terms,) = schedule.plan(x_and_w, dtype, "int")

@@ -110,8 +110,9 @@ EDGE_Y_REGISTERS = 16
 # backward's x̄ + w̄ pass (two terms) took 0.64x its time with 1,024 in float64 but 1.07x in float32,
 # and its ȳ pass (one term) 1.23-1.39x. The deterministic fused backward (x̄ owned by src) took
 # 1.32x with 1,024 in float32 (H100, same process; benchmarks/results/.../wide-groups), but 0.82x
-# in float64 (24.1 -> 19.7 ms, and 29.4 with 2,048; 1.35x in float32; .../det-wide-groups), so
-# a backward that owns x̄ walks wide groups in float64 alone (WIDE_GROUP_MIN_OWNED_TERMS).
+# in float64 (24.1 -> 19.7 ms, and 29.4 with 2,048; 1.35x in float32), while the deterministic
+# double backward's x̄ + w̄ pass took 1.30x (9.8 -> 12.8 ms, float64; .../det-wide-groups). So a
+# pass that owns x̄ walks wide groups in float64 from three terms (WIDE_GROUP_MIN_OWNED_TERMS).
 WALK_TERMS = 4096
 MULTI_TERM_WALK_TERMS = 1000
 WALK_GROUP_TERMS = 1024
@@ -119,7 +120,7 @@ GROUPED_TERMS_BY_DESTINATION = 4096
 WALK_GROUP_TERMS_BY_DESTINATION = 512
 WIDE_GROUP_TERMS_BY_DESTINATION = 1024
 WIDE_GROUP_MIN_TERMS = {4: 3, 8: 2}  # by item size: 3 terms in float32, 2 in float64
-WIDE_GROUP_MIN_OWNED_TERMS = {8: 2}  # by item size: 2 terms in float64, never in float32
+WIDE_GROUP_MIN_OWNED_TERMS = {8: 3}  # by item size: 3 terms in float64, never in float32
 WALK_TILE = 16  # edges per tile of a product's walk
 # A convolution's launch of z next to x̄, ȳ and w̄ (the force loss's second derivative when x, y
 # and w all depend on the positions: 9 terms) keeps them in one walk by destination only up to

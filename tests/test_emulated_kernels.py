@@ -501,6 +501,22 @@ def test_second_derivatives_of_the_convolution_are_joint_passes(sorted_by_dst, d
     assert_close(actual, jax.jit(functools.partial(conv_second_derivatives, reference, 9))(*args), jnp.float64)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_second_derivatives_of_the_convolution_with_long_code_walk_path_groups(deterministic, long_code):
+    """The force loss's second derivative when x, y and w all depend on the positions, its passes
+    of several terms (x̄, ȳ and w̄ of both versions of the inputs, and z with them in the atomic
+    walk) taking each x block in groups of paths: x̄ added atomically, or owned by the warp of the
+    source's run, group after group."""
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", unweighted=(1, 6),
+                                                  deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(56), kernels, 9, 50, jnp.float64, bad_fraction=0.1)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_second_derivatives, kernels, 9))(*args)
+    grouped = [j for j in _walked_in_groups(before) if len(j.blocks) > len({x_offset for x_offset, *_ in j.blocks})]
+    assert max(len(j.terms) for j in grouped) >= 6
+    assert_close(actual, jax.jit(functools.partial(conv_second_derivatives, reference, 9))(*args), jnp.float64)
+
+
 def _streamed(before):
     return [dict(k.stream.outputs) for k in kernel_emulator.launched()[before:] if k.stream is not None]
 

@@ -19,7 +19,8 @@ import numpy as np  # noqa: E402
 
 from .metrics import MAIN  # noqa: E402
 
-_MARKERS = {"jax_cgtp": "o", "e3nn": "s", "cueq": "^", "oeq": "D"}
+# filled markers: the convolution's points are drawn hollow (an unfilled marker such as "x" would vanish)
+_MARKERS = {"jax_cgtp": "o", "jax_cgtp_det": "v", "e3nn": "s", "cueq": "^", "oeq": "D"}
 
 
 def speedup_chart(report: dict, path) -> None:
@@ -90,7 +91,7 @@ def roofline_chart(report: dict, path) -> None:
                         xs.append(intensity)
                         ys.append(result["gflop_per_s"])
                 if xs:
-                    ax.scatter(xs, ys, marker=_MARKERS.get(lib, "x"), alpha=0.75, edgecolors=color,
+                    ax.scatter(xs, ys, marker=_MARKERS.get(lib, "X"), alpha=0.75, edgecolors=color,
                                facecolors="none" if conv else color,
                                label=f"{lib} ({'conv' if conv else 'product'})")
         ax.set_xscale("log")

@@ -28,6 +28,7 @@ import jax
 from . import ceilings, configs, environment, measure, metrics, problems, report, table
 from .inputs import GRAPHS
 from .peers import LIBRARIES, OPTIONAL_LIBRARIES, Missing, adapter
+from .settings import apply_option
 
 
 def _list(text: str) -> list[str]:
@@ -59,7 +60,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="seconds after which no new group of rows starts (the rest are listed as skipped)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, reference backend, 3 runs")
+    parser.add_argument("--set", default="", metavar="module.ATTR=VALUE;...",
+                        help="settings of jax_cgtp's generator or scheduler for the whole run, as benchmarks.ab's "
+                             "--variant takes them (recorded in the report)")
     args = parser.parse_args(argv)
+    apply_option(parser, "--set", args.set)
     for name, values, allowed in (("--phases", args.phases, configs.ALL_PHASES), ("--dtype", args.dtype, configs.DTYPES),
                                   ("--libs", args.libs, LIBRARIES + OPTIONAL_LIBRARIES)):
         unknown = [v for v in values if v not in allowed]
@@ -122,7 +127,7 @@ def main(argv=None) -> dict:
     meta = environment.describe()
     meta.update(argv=sys.argv if argv is None else ["benchmarks.run"] + list(argv), smoke=args.smoke,
                 protocol=protocol, edges=edges, edges_per_node=configs.EDGES_PER_NODE, graph=args.graph,
-                jax_cgtp_backend=backend,
+                jax_cgtp_backend=backend, settings=args.set,
                 tolerance=measure.TOLERANCE)
     print(f"device: {meta['device']} ({meta['platform']}), jax {meta['jax']}, commit {meta['git_commit']}", flush=True)
     meta["ceilings"] = ceilings.measure(args.dtype, args.smoke, protocol["warmup"], protocol["runs"])

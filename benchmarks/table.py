@@ -133,7 +133,8 @@ def render(report: dict) -> str:
         lines.append(f"  measured copy bandwidth {_rate(ceil['copy']['bytes_per_s'], 'B/s')} (read+write); "
                      f"matmul peak {peaks}; {meta['protocol']['runs']} timed runs after "
                      f"{meta['protocol']['warmup']} warm-ups; jax_cgtp backend {meta.get('jax_cgtp_backend')}"
-                     + (f"; {meta['graph']} graph" if meta.get("graph", "random") != "random" else ""))
+                     + (f"; {meta['graph']} graph" if meta.get("graph", "random") != "random" else "")
+                     + (f"; settings {meta['settings']}" if meta.get("settings") else ""))
     for dtype in dict.fromkeys(row["dtype"] for row in report["rows"]):
         rows = [row for row in report["rows"] if row["dtype"] == dtype]
         lines += ["", f"== {dtype}: ms per call, calls queued back to back (speedup = peer ms / {MAIN} ms; "

@@ -212,6 +212,21 @@ def test_profile_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, pl
     assert "jax_cgtp.schedule has no attribute AHEAD_DEPT" in capsys.readouterr().err
 
 
+def test_run_applies_and_records_the_settings_it_is_given(tmp_path, planned_with):
+    """``benchmarks.run --set`` assigns the settings for the whole run, records them in the report,
+    and refuses a setting that does not exist."""
+    from jax_cgtp import schedule
+
+    planned_with(OWNED_AHEAD_DEPTH=schedule.OWNED_AHEAD_DEPTH)  # restored after the test
+    result = run.main(["--smoke", "--configs", "tiny-uvu", "--dtype", "float32", "--phases", "conv_fwd", "--libs",
+                       "jax_cgtp", "--out", str(tmp_path), "--no-plots", "--set", "jax_cgtp.schedule.OWNED_AHEAD_DEPTH=1"])
+    assert schedule.OWNED_AHEAD_DEPTH == 1
+    assert result["runs"][0]["settings"] == "jax_cgtp.schedule.OWNED_AHEAD_DEPTH=1"
+    assert "settings jax_cgtp.schedule.OWNED_AHEAD_DEPTH=1" in next(tmp_path.glob("bench*.txt")).read_text()
+    with pytest.raises(SystemExit):
+        run.parse_args(["--set", "jax_cgtp.schedule.OWNED_AHEAD_DEPT=1"])
+
+
 def test_ab_times_each_variant_of_a_setting_on_the_same_row(tmp_path):
     from benchmarks import ab
 

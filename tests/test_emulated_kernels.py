@@ -371,11 +371,16 @@ def long_code(monkeypatch):
     cuda_lowering._plan.cache_clear()
 
 
+def _splits_an_x_block(joint) -> bool:
+    """Whether the joint pass takes an x block's paths in several groups (blocks of one x offset)."""
+    return len(joint.blocks) > len({x_offset for x_offset, *_ in joint.blocks})
+
+
 def _walked_in_groups(before):
     """The joint passes launched since ``before`` all walk, and one of them splits an x block."""
     joint = [k.joint for k in kernel_emulator.launched()[before:] if k.joint is not None]
     assert joint and all(j.walk for j in joint)
-    assert any(len(j.blocks) > len({x_offset for x_offset, *_ in j.blocks}) for j in joint)
+    assert any(_splits_an_x_block(j) for j in joint)
     return joint
 
 
@@ -418,7 +423,7 @@ def test_high_l_convolution_forward_walks_path_groups(dtype, deterministic):
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(51), kernels, 9, 50, dtype, bad_fraction=0.1,
                                      sorted_by_dst=True)
     actual, launch = _forward_and_its_launch(kernels, x, y, w, src, dst)
-    assert len(launch.joint.blocks) > len({x_offset for x_offset, *_ in launch.joint.blocks})
+    assert _splits_an_x_block(launch.joint)
     as64 = [a.astype(jnp.float64) for a in (x, y, w)]
     assert_close(actual, jax.jit(reference, static_argnums=5)(*as64, src, dst, 9), dtype)
 
@@ -470,7 +475,7 @@ def test_convolution_forward_with_path_groups_matches_reference(sorted_by_dst, p
                                      sorted_by_dst=sorted_by_dst)
     actual, launch = _forward_and_its_launch(kernels, x, y, w, src, dst)
     assert launch.call.walk == "z" and launch.outputs[0].flush == "atomic"
-    assert len(launch.joint.blocks) > len({x_offset for x_offset, *_ in launch.joint.blocks})
+    assert _splits_an_x_block(launch.joint)
     assert max(sum(p.z_dim for p in paths) for *_, paths in launch.joint.blocks) <= schedule.SCATTER_Z_COMPONENTS[8]
     assert_close(actual, jax.jit(reference, static_argnums=5)(x, y, w, src, dst, 9), jnp.float64)
 
@@ -512,7 +517,7 @@ def test_second_derivatives_of_the_convolution_with_long_code_walk_path_groups(d
     args = random_graph(jax.random.PRNGKey(56), kernels, 9, 50, jnp.float64, bad_fraction=0.1)
     before = _launches()
     actual = jax.jit(functools.partial(conv_second_derivatives, kernels, 9))(*args)
-    grouped = [j for j in _walked_in_groups(before) if len(j.blocks) > len({x_offset for x_offset, *_ in j.blocks})]
+    grouped = [j for j in _walked_in_groups(before) if _splits_an_x_block(j)]
     assert max(len(j.terms) for j in grouped) >= 6
     assert_close(actual, jax.jit(functools.partial(conv_second_derivatives, reference, 9))(*args), jnp.float64)
 

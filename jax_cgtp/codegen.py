@@ -43,7 +43,8 @@ def cuda_source(name: str) -> str:
 
 def scalar_names(schedule: KernelSchedule) -> list[str]:
     """Names of the ``long long`` scalars after the buffers, in order."""
-    return ["num_edges"] + [f"rows_{r}" for r in schedule.call.indexed_roles]
+    slice_begin = ["slice_begin"] if schedule.slice_walk or schedule.slice_sum else []
+    return ["num_edges"] + [f"rows_{r}" for r in schedule.call.indexed_roles] + slice_begin
 
 
 def _streamed_inputs(schedule: KernelSchedule) -> tuple[int, ...]:
@@ -93,6 +94,8 @@ def generate(schedule: KernelSchedule) -> str:
         params += [f"const I* __restrict__ perm_{r}", f"const I* __restrict__ off_{r}"]
     if schedule.chunk_sum:  # each owned output's chunk rows (the chunk walk's)
         params += [f"const T* __restrict__ chunks{k}" for k in range(len(schedule.outputs))]
+    if schedule.slice_sum:  # the slice walk's rows, and each edge's dst-sorted position
+        params += ["const T* __restrict__ slice_rows", "const I* __restrict__ pos_z"]
     # the same buffers as the kept outputs (aliased): what the launch before wrote
     params += [f"const T* walked{k}" for k in schedule.kept]
     params += [f"T* __restrict__ out{k}" for k in range(len(schedule.outputs))]
@@ -104,6 +107,8 @@ def generate(schedule: KernelSchedule) -> str:
     w.depth += 1
     if schedule.chunk_sum:
         _emit_chunk_sums(w, schedule)
+    elif schedule.slice_sum:
+        _emit_slice_sums(w, schedule)
     else:
         _emit_prologue(w, schedule)
         _emit_tiles(w, schedule)
@@ -145,6 +150,32 @@ def _emit_chunk_sums(w: Writer, schedule: KernelSchedule) -> None:
         w.close()
         first += count
     w.close()
+    w.close()
+
+
+def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
+    """Each source node's x̄ row: the rows of its edges in the slice [slice_begin, slice_begin +
+    num_edges) of dst-sorted positions (an edge whose destination is out of range has none), added
+    in src-sorted order to what the earlier slices wrote. A warp takes a node and 32 columns, a lane
+    per column."""
+    (out,) = schedule.outputs
+    blocks = -(-out.dim // WARP)
+    w("const int lane = threadIdx.x & 31;")
+    w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
+    w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
+    w(f"// warp item: an x-node (item / {blocks}) and a block of 32 columns (item % {blocks})")
+    w.open(f"for (long long item = warp; item < rows_x * {blocks}; item += num_warps)")
+    w(f"const long long node = item / {blocks};")
+    w(f"const int q = (int)(item % {blocks}) * 32 + lane;")
+    w("T sum = T(0);")
+    w.open("for (long long i = (long long)off_x[node]; i < (long long)off_x[node + 1]; ++i)")
+    w("const I e = perm_x[i];")
+    w("const long long p = (long long)pos_z[e] - slice_begin;")
+    w(f"if (p >= 0 && p < num_edges && cgtp_valid(idx_z[e], rows_z) && q < {out.dim}) "
+      f"sum += slice_rows[p * {out.dim}LL + q];")
+    w.close()
+    kept = "walked0[node * {d}LL + q] + ".format(d=out.dim) if schedule.kept else ""
+    w(f"if (q < {out.dim}) out0[node * {out.dim}LL + q] = {kept}sum;")
     w.close()
 
 
@@ -233,7 +264,11 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         w.open(f"for (long long tile = {first}; tile < num_tiles; tile += {step})")
         w("const long long first = tile * span;")
         w("const int count = (int)(num_edges - first < span ? num_edges - first : span);")
-        if call.walk:
+        if schedule.slice_walk:
+            w("// the tile's edges are positions slice_begin + [first, first + count) of the edges sorted by z;")
+            w("// position slice_begin + p writes x̄ row p of the slice")
+            edge = "lane < count ? perm_z[slice_begin + first + lane] : I(0)"
+        elif call.walk:
             w(f"// the tile's edges are positions [first, first + count) of the edges sorted by {call.walk}")
             edge = f"lane < count ? perm_{call.walk}[first + lane] : I(0)"
         else:
@@ -253,12 +288,13 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         for slot in schedule.slots:
             _emit_slot(w, schedule, slot)
     for k, out in enumerate(schedule.outputs):
-        if out.kind != BATCHED:
+        if out.kind != BATCHED and out.flush != "slice":
             continue
         for start, end in out.zero_ranges:
             w(f"// out{k} ({out.role}) components [{start}, {end}) have no path: zeros")
             w.open("for (int t = 0; t < count; ++t)" if groups == 1 else "for (int t = 0; group == 0 && t < count; ++t)")
-            w(f"const long long e = {tile_value(schedule, 'my_edge', 't')};")
+            w("const long long e = first + t;  // the slice's row" if out.flush == "slice" else
+              f"const long long e = {tile_value(schedule, 'my_edge', 't')};")
             w(f"for (int q = lane; q < {end - start}; q += 32) "
               f"out{k}[e * {out.dim}LL + {start} + q] = T(0);")
             w.close()

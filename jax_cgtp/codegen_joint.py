@@ -497,7 +497,7 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
         w("__syncwarp();")
         w.close()
         w.open(f"if ({x_row} != cur_x)")
-        if "x" in outs and x_out.flush != "own":  # an owned run has one source node
+        if "x" in outs and x_out.flush not in ("own", "slice"):  # an owned run has one source node
             w.open("if (cur_x >= 0)")
             _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x", add=added)
             w.close()
@@ -520,8 +520,10 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
         if reached:
             lo, values = _y_sum_values(joint, reached)
             emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
+        if "x" in outs and x_out.flush == "slice":  # the edge's own row of the slice
+            _emit_joint_flush(w, schedule, "x", x_offset, dim, row="(first + t)", add=added)
         w.close()
-        if "x" in outs:
+        if "x" in outs and x_out.flush != "slice":
             condition, row = owned_end(schedule, x_out, "cur_x")
             w.open(f"if ({condition})")
             _emit_joint_flush(w, schedule, "x", x_offset, dim, row=row, add=added)

@@ -13,6 +13,7 @@ function is lowered, outputs the kernels overwrite start as NaN instead of unini
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -142,9 +143,12 @@ def launch(call: Call, *args):
     args = list(args[:n]) + [jnp.asarray(a, index_dtype) for a in args[n:]]
     edges = num_edges(call, [a.shape for a in args])
     scalars = np.array([edges] + [call.row_count(r) for r in call.indexed_roles], np.int64)
+    kernels = _plan(call, _KERNEL_DTYPES[dtype], index_ctype, edges)
+    if kernels and kernels[0].slice_walk:
+        return _launch_slices(call, *kernels, args, edges, dtype)
     results = [None] * len(call.outputs)
     chunks = {}  # call output -> a chunk walk's rows
-    for kernel in _plan(call, _KERNEL_DTYPES[dtype], index_ctype, edges):
+    for kernel in kernels:
         segments = call.row_count(kernel.segment_role) if kernel.segment_role else 0
         grid = kernel.grid(edges, segments)
         partial_rows = kernel.partial_rows(grid)
@@ -161,6 +165,46 @@ def launch(call: Call, *args):
                 results[out.call_output] = part if before is None else before + part
             else:
                 results[out.call_output] = value
+    return results
+
+
+def _launch_slices(call: Call, walk: schedule.KernelSchedule, total: schedule.KernelSchedule, args, edges: int,
+                   dtype) -> list:
+    """Every output of a deterministic backward planned in slices (:func:`schedule._sliced`): per
+    slice of dst-sorted positions, the walk by destination (x̄ of each edge to the slice's rows,
+    the per-edge outputs to their rows, a shared weight's gradient to partial rows) and the sum of
+    the slice's rows into x̄, each slice's launches starting from the outputs of the one before."""
+    inputs, indices, orders = call.split(args)
+    (perm_z, off_z), (perm_x, off_x) = orders["z"], orders["x"]
+    pos_z = jnp.zeros_like(perm_z).at[perm_z].set(jnp.arange(edges, dtype=perm_z.dtype))
+    index_args = [indices[r] for r in call.indexed_roles]
+    results = [None] * len(call.outputs)
+    (x_out,) = total.outputs
+    x_rows = call.row_count("x")
+    for begin in range(0, max(edges, 1), walk.slice_walk):
+        length = min(walk.slice_walk, edges - begin)
+        scalars = np.array([length] + [call.row_count(r) for r in call.indexed_roles] + [begin], np.int64)
+        kernel = dataclasses.replace(walk, slice_first=begin == 0)
+        grid = kernel.grid(length, 0)
+        shapes = [jax.ShapeDtypeStruct((length, out.dim) if out.flush == "slice" else
+                                       _launch_shape(call, kernel, out, edges, kernel.partial_rows(grid)), dtype)
+                  for out in kernel.outputs]
+        into = [results[kernel.outputs[k].call_output] for k in kernel.kept]
+        rows = None
+        for out, value in zip(kernel.outputs, run_kernel(kernel, inputs + index_args + [perm_z, off_z] + into,
+                                                         shapes, grid, scalars)):
+            if out.flush == "slice":
+                rows = value
+            elif out.kind == SHARED:
+                before, part = results[out.call_output], value.sum(axis=0)
+                results[out.call_output] = part if before is None else before + part
+            else:
+                results[out.call_output] = value
+        adding = dataclasses.replace(total, slice_first=begin == 0)
+        before = [results[x_out.call_output]] if adding.kept else []
+        (results[x_out.call_output],) = run_kernel(
+            adding, inputs + index_args + [perm_x, off_x, rows, pos_z] + before,
+            [jax.ShapeDtypeStruct((x_rows, x_out.dim), dtype)], adding.grid(length, x_rows), scalars)
     return results
 
 

@@ -35,8 +35,10 @@ def literal(value: float, dtype: str) -> str:
 def put(out, address: str, value: str, add: bool = False) -> str:
     """The statement that flushes ``value`` to ``address`` of output ``out`` (a KernelOutput);
     with ``add``, a write (stored or owned) adds to what an earlier flush of the warp wrote there."""
-    if add and out.flush in ("store", "own"):
+    if add and out.flush in ("store", "own", "slice"):
         return f"cgtp_own({address}, {value}, false);"
+    if out.flush == "slice":  # the edge's own row of the slice
+        return f"cgtp_store({address}, {value});"
     fresh = ", fresh" if out.flush == "own" else ""
     return f"cgtp_{out.flush}({address}, {value}{fresh});"
 

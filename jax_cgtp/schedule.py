@@ -160,6 +160,13 @@ OWNED_RUN_CAP = 128
 # (no run longer than a chunk): 0.97-1.0x whole runs' speed, tiny-uvu 0.70x and 0.93x (+26, +6 us).
 # Dense graph (32-96 edges per node; H200): chunks of 64 took 1.04x and 1.06x the time of 128.
 RUN_CHUNK = 128
+# A deterministic backward by source gathers each edge's z̄[dst] row, which is 5.7-21x wider than
+# x (benchmarks/results/nvidia-h100-80gb-hbm3/conv-train/). With this many dst-sorted positions
+# per slice (0: off), it walks by destination instead, as the atomic backward does, staging z̄ once
+# per node; each edge's x̄ goes to a row of the slice's own, and a second launch adds those rows to
+# the sources, run by run in src-sorted order (bitwise the same at every call). A slice's rows are
+# a bounded workspace, not an (edges x dim) array.
+DETERMINISTIC_BACKWARD_SLICE = 0
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in
 # the SM's instruction cache, each warp then fetches its own instructions: l5-c32's forward and
@@ -300,7 +307,7 @@ class KernelOutput:
     role: str
     kind: str
     dim: int
-    flush: str  # "store", "own", "red" or "atomic" (see cuda/cgtp_device.cuh)
+    flush: str  # "store", "own", "red", "atomic" (see cuda/cgtp_device.cuh) or "slice" (a slice row per edge)
     zero_ranges: tuple[tuple[int, int], ...]  # BATCHED or owned: row ranges no slot writes
 
     @property
@@ -446,6 +453,14 @@ class KernelSchedule:
     # a launch that adds each run's chunk rows, in chunk order, to the owned rows the capped walk wrote
     # (its outputs: the owned ones, starting as those; its extra arguments: the chunk rows)
     chunk_sum: int = 0
+    # a deterministic backward's walk by destination over a slice of at most this many dst-sorted
+    # positions (scalar ``slice_begin``): x̄ of the slice's edge at position p to row p - slice_begin
+    slice_walk: int = 0
+    # a launch that adds a slice walk's rows to the x̄ rows of their sources (extra arguments: the rows
+    # and each edge's dst-sorted position), each source's edges in src-sorted order
+    slice_sum: int = 0
+    # the first slice's launches write their outputs; the later ones start from the earlier's
+    slice_first: bool = True
 
     @property
     def itemsize(self) -> int:
@@ -454,7 +469,7 @@ class KernelSchedule:
     @property
     def permuted(self) -> bool:
         """Whether the tile's edges are rows of a sorted permutation (not consecutive rows)."""
-        return self.tiling == "segments" or self.call.walk is not None
+        return self.tiling == "segments" or self.call.walk is not None or bool(self.slice_walk)
 
     @property
     def smem_per_warp(self) -> int:
@@ -475,8 +490,10 @@ class KernelSchedule:
     @property
     def kept(self) -> tuple[int, ...]:
         """The outputs that start as an earlier launch's (aliased to arguments after the inputs)."""
-        if self.beyond_cap or self.chunk_sum:
+        if self.beyond_cap or self.chunk_sum or (self.slice_sum and not self.slice_first):
             return tuple(range(len(self.outputs)))
+        if self.slice_walk and not self.slice_first:
+            return tuple(k for k, out in enumerate(self.outputs) if out.flush == "store")
         if self.chunk_walk:  # per-edge outputs; owned ones go to chunk rows, SHARED ones to partial rows
             return tuple(k for k, out in enumerate(self.outputs) if out.flush == "store")
         return ()
@@ -492,6 +509,8 @@ class KernelSchedule:
         return sum(-(-out.dim // WARP) for out in self.outputs)
 
     def tiles(self, num_edges: int, num_segments: int) -> int:
+        if self.slice_sum:
+            return num_segments * -(-self.outputs[0].dim // WARP)
         if self.chunk_sum:
             return -(-num_segments // WARP) * self.chunk_sum_blocks
         if self.chunk_walk:
@@ -950,6 +969,9 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
     call's walks over sorted runs walk chunks of RUN_CHUNK edges (:func:`_chunked`) where ``edges``
     is given and more than RUN_CHUNK.
     """
+    sliced = _sliced(call, dtype, index_dtype, edges)
+    if sliced:
+        return sliced
     launches = _launches(call, dtype, index_dtype, edges)
     if not _owned_by_grouping(call):
         if RUN_CHUNK <= 0 or edges is None or edges <= RUN_CHUNK:  # (no run is longer than edges)
@@ -962,6 +984,31 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
         return launches
     return [dataclasses.replace(launches[0], run_cap=OWNED_RUN_CAP),
             dataclasses.replace(rest[0], beyond_cap=OWNED_RUN_CAP)]
+
+
+def _sliced(call: Call, dtype: str, index_dtype: str, edges: int | None) -> list[KernelSchedule]:
+    """A deterministic backward into x̄ by ``src`` from z̄ by ``dst`` as two launches per slice of
+    DETERMINISTIC_BACKWARD_SLICE dst-sorted positions: the atomic call's joint walk by destination
+    (its call carries ``dst``'s ordering alone), x̄ of each edge to the slice's row for it, and a
+    launch (a call carrying ``src``'s ordering) that adds the rows to the sources' x̄ rows; [] when
+    the setting is off or the call is not such a backward."""
+    roles = [o.role for o in call.outputs]
+    if (DETERMINISTIC_BACKWARD_SLICE <= 0 or not call.deterministic or "z" in roles or "x" not in roles
+            or call.kind("x") != INDEXED or call.kind("z") != INDEXED):
+        return []
+    (walk,) = _launches(dataclasses.replace(call, deterministic=False, orderings=("z",)), dtype, index_dtype, edges) or [None]
+    if walk is None or walk.joint is None or not walk.joint.by_destination:
+        return []
+    covered = [s for s in walk.slots if s.role == "x"]
+    outputs = tuple(dataclasses.replace(o, flush="slice", zero_ranges=_zero_ranges(call.problem, "x", covered))
+                    if o.role == "x" else o for o in walk.outputs)
+    walk = dataclasses.replace(walk, outputs=outputs, slice_walk=DETERMINISTIC_BACKWARD_SLICE)
+    x_out = next(o for o in outputs if o.role == "x")
+    total = KernelSchedule(dataclasses.replace(call, orderings=("x",)), dtype, index_dtype,
+                           (dataclasses.replace(x_out, flush="own", zero_ranges=()),),
+                           (), "segments", WARP, "x", (), 0, WARPS_PER_BLOCK,
+                           slice_sum=DETERMINISTIC_BACKWARD_SLICE)
+    return [walk, total]
 
 
 def chunk_rows(edges: int, chunk: int) -> int:

@@ -43,8 +43,8 @@ def cuda_source(name: str) -> str:
 
 def scalar_names(schedule: KernelSchedule) -> list[str]:
     """Names of the ``long long`` scalars after the buffers, in order."""
-    slice_begin = ["slice_begin"] if schedule.slice_walk or schedule.slice_sum else []
-    return ["num_edges"] + [f"rows_{r}" for r in schedule.call.indexed_roles] + slice_begin
+    slice_size = ["slice_size"] if schedule.slice_walk or schedule.slice_sum else []
+    return ["num_edges"] + [f"rows_{r}" for r in schedule.call.indexed_roles] + slice_size
 
 
 def _streamed_inputs(schedule: KernelSchedule) -> tuple[int, ...]:
@@ -94,6 +94,8 @@ def generate(schedule: KernelSchedule) -> str:
         params += [f"const I* __restrict__ perm_{r}", f"const I* __restrict__ off_{r}"]
     if schedule.chunk_sum:  # each owned output's chunk rows (the chunk walk's)
         params += [f"const T* __restrict__ chunks{k}" for k in range(len(schedule.outputs))]
+    if schedule.slice_walk or schedule.slice_sum:  # the slice's first dst-sorted position (one element)
+        params += ["const long long* __restrict__ slice_at"]
     if schedule.slice_sum:  # the slice walk's rows, and each edge's dst-sorted position
         params += ["const T* __restrict__ slice_rows", "const I* __restrict__ pos_z"]
     # the same buffers as the kept outputs (aliased): what the launch before wrote
@@ -154,12 +156,12 @@ def _emit_chunk_sums(w: Writer, schedule: KernelSchedule) -> None:
 
 
 def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
-    """Each source node's x̄ row: the rows of its edges in the slice [slice_begin, slice_begin +
-    num_edges) of dst-sorted positions (an edge whose destination is out of range has none), added
-    in src-sorted order to what the earlier slices wrote. A warp takes a node and 32 columns, a lane
-    per column."""
+    """Each source node's x̄ row: the rows of its edges in the slice of dst-sorted positions (an
+    edge whose destination is out of range has none), added in src-sorted order to what the earlier
+    slices wrote. A warp takes a node and 32 columns, a lane per column."""
     (out,) = schedule.outputs
     blocks = -(-out.dim // WARP)
+    _emit_slice_bounds(w)
     w("const int lane = threadIdx.x & 31;")
     w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
     w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
@@ -171,12 +173,19 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     w.open("for (long long i = (long long)off_x[node]; i < (long long)off_x[node + 1]; ++i)")
     w("const I e = perm_x[i];")
     w("const long long p = (long long)pos_z[e] - slice_begin;")
-    w(f"if (p >= 0 && p < num_edges && cgtp_valid(idx_z[e], rows_z) && q < {out.dim}) "
+    w(f"if (p >= 0 && p < slice_count && cgtp_valid(idx_z[e], rows_z) && q < {out.dim}) "
       f"sum += slice_rows[p * {out.dim}LL + q];")
     w.close()
     kept = "walked0[node * {d}LL + q] + ".format(d=out.dim) if schedule.kept else ""
     w(f"if (q < {out.dim}) out0[node * {out.dim}LL + q] = {kept}sum;")
     w.close()
+
+
+def _emit_slice_bounds(w: Writer) -> None:
+    """``slice_begin`` and ``slice_count``: the slice's dst-sorted positions, at most ``slice_size``
+    from the one the launch reads from ``slice_at`` (so that a loop over slices runs one program)."""
+    w("const long long slice_begin = slice_at[0];")
+    w("const long long slice_count = num_edges - slice_begin < slice_size ? num_edges - slice_begin : slice_size;")
 
 
 def _emit_prologue(w: Writer, schedule: KernelSchedule) -> None:
@@ -254,16 +263,20 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         edge = _open_run_walk(w, schedule, "seg", "run")
     else:
         tile = schedule.tile
+        edges = "num_edges"
+        if schedule.slice_walk:
+            _emit_slice_bounds(w)
+            edges = "slice_count"
         if schedule.fill:
             w(f"// the edges spread evenly over the warps: rounds of one tile per warp, spans of at most {tile} edges")
-            w(f"const long long rounds = (num_edges + num_warps * {tile} - 1) / (num_warps * {tile});")
-            w(f"const long long span = rounds > 0 ? (num_edges + num_warps * rounds - 1) / (num_warps * rounds) : {tile};")
+            w(f"const long long rounds = ({edges} + num_warps * {tile} - 1) / (num_warps * {tile});")
+            w(f"const long long span = rounds > 0 ? ({edges} + num_warps * rounds - 1) / (num_warps * rounds) : {tile};")
         else:
             w(f"const long long span = {tile};")
-        w("const long long num_tiles = (num_edges + span - 1) / span;")
+        w(f"const long long num_tiles = ({edges} + span - 1) / span;")
         w.open(f"for (long long tile = {first}; tile < num_tiles; tile += {step})")
         w("const long long first = tile * span;")
-        w("const int count = (int)(num_edges - first < span ? num_edges - first : span);")
+        w(f"const int count = (int)({edges} - first < span ? {edges} - first : span);")
         if schedule.slice_walk:
             w("// the tile's edges are positions slice_begin + [first, first + count) of the edges sorted by z;")
             w("// position slice_begin + p writes x̄ row p of the slice")

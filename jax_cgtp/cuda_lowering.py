@@ -171,40 +171,50 @@ def launch(call: Call, *args):
 def _launch_slices(call: Call, walk: schedule.KernelSchedule, total: schedule.KernelSchedule, args, edges: int,
                    dtype) -> list:
     """Every output of a deterministic backward planned in slices (:func:`schedule._sliced`): per
-    slice of dst-sorted positions, the walk by destination (x̄ of each edge to the slice's rows,
-    the per-edge outputs to their rows, a shared weight's gradient to partial rows) and the sum of
-    the slice's rows into x̄, each slice's launches starting from the outputs of the one before."""
+    slice of ``walk.slice_walk`` dst-sorted positions, the walk by destination (x̄ of each edge to
+    the slice's rows, the per-edge outputs to their rows, a shared weight's gradient to partial
+    rows) and the sum of the slice's rows into x̄. The first slice's launches write their outputs;
+    a ``fori_loop`` runs the others, each starting from the outputs before it, so the program's
+    size does not grow with the edges."""
     inputs, indices, orders = call.split(args)
     (perm_z, off_z), (perm_x, off_x) = orders["z"], orders["x"]
     pos_z = jnp.zeros_like(perm_z).at[perm_z].set(jnp.arange(edges, dtype=perm_z.dtype))
     index_args = [indices[r] for r in call.indexed_roles]
-    results = [None] * len(call.outputs)
+    size = walk.slice_walk
+    scalars = np.array([edges] + [call.row_count(r) for r in call.indexed_roles] + [size], np.int64)
     (x_out,) = total.outputs
-    x_rows = call.row_count("x")
-    for begin in range(0, max(edges, 1), walk.slice_walk):
-        length = min(walk.slice_walk, edges - begin)
-        scalars = np.array([length] + [call.row_count(r) for r in call.indexed_roles] + [begin], np.int64)
-        kernel = dataclasses.replace(walk, slice_first=begin == 0)
-        grid = kernel.grid(length, 0)
-        shapes = [jax.ShapeDtypeStruct((length, out.dim) if out.flush == "slice" else
-                                       _launch_shape(call, kernel, out, edges, kernel.partial_rows(grid)), dtype)
+    rows_shape = jax.ShapeDtypeStruct((min(size, edges), x_out.dim), dtype)
+
+    def one_slice(slice_index, results, first: bool):
+        at = jnp.reshape(jnp.asarray(slice_index, jnp.int64) * size, (1,))
+        kernel = dataclasses.replace(walk, slice_first=first)
+        grid = kernel.grid(min(size, edges), 0)
+        shapes = [rows_shape if out.flush == "slice" else
+                  jax.ShapeDtypeStruct(_launch_shape(call, kernel, out, edges, kernel.partial_rows(grid)), dtype)
                   for out in kernel.outputs]
         into = [results[kernel.outputs[k].call_output] for k in kernel.kept]
-        rows = None
-        for out, value in zip(kernel.outputs, run_kernel(kernel, inputs + index_args + [perm_z, off_z] + into,
+        results, rows = list(results), None
+        for out, value in zip(kernel.outputs, run_kernel(kernel, inputs + index_args + [perm_z, off_z, at] + into,
                                                          shapes, grid, scalars)):
             if out.flush == "slice":
                 rows = value
             elif out.kind == SHARED:
-                before, part = results[out.call_output], value.sum(axis=0)
-                results[out.call_output] = part if before is None else before + part
+                part = value.sum(axis=0)
+                results[out.call_output] = part if first else results[out.call_output] + part
             else:
                 results[out.call_output] = value
-        adding = dataclasses.replace(total, slice_first=begin == 0)
+        adding = dataclasses.replace(total, slice_first=first)
         before = [results[x_out.call_output]] if adding.kept else []
         (results[x_out.call_output],) = run_kernel(
-            adding, inputs + index_args + [perm_x, off_x, rows, pos_z] + before,
-            [jax.ShapeDtypeStruct((x_rows, x_out.dim), dtype)], adding.grid(length, x_rows), scalars)
+            adding, inputs + index_args + [perm_x, off_x, at, rows, pos_z] + before,
+            [jax.ShapeDtypeStruct((call.row_count("x"), x_out.dim), dtype)],
+            adding.grid(min(size, edges), call.row_count("x")), scalars)
+        return results
+
+    results = one_slice(0, [None] * len(call.outputs), True)
+    num_slices = -(-edges // size)
+    if num_slices > 1:
+        results = jax.lax.fori_loop(1, num_slices, lambda i, r: one_slice(i, r, False), results)
     return results
 
 

@@ -522,19 +522,22 @@ def test_second_derivatives_of_the_convolution_with_long_code_walk_path_groups(d
     assert_close(actual, jax.jit(functools.partial(conv_second_derivatives, reference, 9))(*args), jnp.float64)
 
 
-@pytest.mark.parametrize("family, shared", [(conv_members, False), (conv_members, True),
-                                            (conv_second_derivatives, False)])
-def test_deterministic_backward_in_slices_walks_by_destination(family, shared, planned_with):
+@pytest.mark.parametrize("family, shared, edges", [(conv_members, False, 300), (conv_members, True, 50),
+                                                   (conv_second_derivatives, False, 50)])
+def test_deterministic_backward_in_slices_walks_by_destination(family, shared, edges, planned_with):
     """With ``DETERMINISTIC_BACKWARD_SLICE``, the deterministic backward walks by destination in
-    slices of 16 dst-sorted positions (50 edges: four slices): x̄ of each edge to the slice's rows,
-    which the next launch adds to the sources in src-sorted order, slice after slice; ȳ and w̄ per
-    edge, a shared weight's gradient in partial rows; edges out of range and nodes without edges
-    included; bitwise the same at a second call. The force loss's second derivatives too (x̄, ȳ and
-    w̄ as sums of terms over both versions of the inputs; two paths without weights)."""
-    planned_with(DETERMINISTIC_BACKWARD_SLICE=16)
+    four slices of dst-sorted positions: x̄ of each edge to the slice's rows, which the next launch
+    adds to the sources in src-sorted order (runs of more than 32 edges with 300 edges), slice after
+    slice; ȳ and w̄ per edge, a shared weight's gradient in partial rows; edges out of range and
+    nodes without edges included; bitwise the same at a second call. The force loss's second
+    derivatives too (x̄, ȳ and w̄ as sums of terms over both versions of the inputs; two paths
+    without weights)."""
+    planned_with(DETERMINISTIC_BACKWARD_SLICE=-(-edges // 4))
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", unweighted=(1, 6),
                                                   deterministic=True)
-    args = random_graph(jax.random.PRNGKey(58), kernels, 9, 50, jnp.float64, bad_fraction=0.1, shared=shared)
+    args = random_graph(jax.random.PRNGKey(58), kernels, 9, edges, jnp.float64, bad_fraction=0.1, shared=shared)
+    src = args[3]
+    assert edges < 300 or int(jnp.bincount(jnp.where(src >= 0, src, 9), length=10)[:9].max()) > 32
     members = jax.jit(functools.partial(family, kernels, 9))
     before = _launches()
     actual = members(*args)

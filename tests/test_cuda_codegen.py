@@ -354,6 +354,29 @@ def test_deterministic_convolution_reduces_each_node_in_one_warp():
     assert [o.flush for o in atomic[0].outputs] == ["atomic"] and atomic[0].outputs[0].zeroed
 
 
+def test_deterministic_backward_in_slices_walks_by_destination_without_atomics(planned_with):
+    """With ``DETERMINISTIC_BACKWARD_SLICE``, the deterministic fused backward is the atomic one's
+    walk by destination (its call carries ``dst``'s ordering alone) with x̄ stored to the slice's
+    rows, and a sum by source (``src``'s ordering); no atomics, nothing zero-filled. Forwards,
+    atomic calls and passes without x̄ keep their plans."""
+    planned_with(DETERMINISTIC_BACKWARD_SLICE=4096)
+    kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
+    rows = (10, None, None, 10)
+    walk, total = schedule.plan(backward_call(mace_problem(), kinds, rows, deterministic=True), "float", "int", 100)
+    assert walk.slice_walk == total.slice_sum == 4096 and walk.call.walk == "z" and total.call.sorted_roles == ("x",)
+    assert [o.flush for o in walk.outputs] == ["slice", "store", "store"] and walk.joint.by_destination
+    assert [(o.role, o.flush) for o in total.outputs] == [("x", "own")] and total.segment_role == "x"
+    assert not any(o.zeroed for k in (walk, total) for o in k.outputs)
+    for kernel in (walk, total):
+        source = codegen.generate(kernel)
+        assert "atomic" not in source.split("cgtp_kernel(")[1] and "slice_at[0]" in source
+    atomic = schedule.plan(backward_call(mace_problem(), kinds, rows), "float", "int", 100)
+    forward = schedule.plan(forward_call(mace_problem(), kinds, rows, deterministic=True), "float", "int", 100)
+    y_alone = Call(mace_problem(), kinds, rows, ("x", "y", "w", "z"), (Output("y", (Term((0, 2, 3)),)),), True)
+    for kernels in (atomic, forward, schedule.plan(y_alone, "float", "int", 100)):
+        assert not any(k.slice_walk or k.slice_sum for k in kernels)
+
+
 def test_walks_over_sorted_runs_leave_the_edges_out_of_range_to_every_warp():
     """A padded graph's padding edges (index out of range, sorted last) are one long run: a walk
     walks only the nodes' runs, a warp per node, and the per-edge outputs of the edges out of range

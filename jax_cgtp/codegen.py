@@ -158,21 +158,39 @@ def _emit_chunk_sums(w: Writer, schedule: KernelSchedule) -> None:
 def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     """Each source node's x̄ row: the rows of its edges in the slice of dst-sorted positions (an
     edge whose destination is out of range has none), added in src-sorted order to what the earlier
-    slices wrote. A warp takes a node and 32 columns, a lane per column."""
+    slices wrote; with ``run_cap``, its run's first ``run_cap`` edges alone. With ``chunk_walk``,
+    each later chunk of a run to a chunk row of its own instead (:func:`jax_cgtp.schedule._chunked`).
+    A warp takes a node (or chunk) and 32 columns, a lane per column."""
     (out,) = schedule.outputs
     blocks = -(-out.dim // WARP)
+    chunk = schedule.chunk_walk
     _emit_slice_bounds(w)
     w("const int lane = threadIdx.x & 31;")
     w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
     w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
-    w(f"// warp item: an x-node (item / {blocks}) and a block of 32 columns (item % {blocks})")
-    w.open(f"for (long long item = warp; item < rows_x * {blocks}; item += num_warps)")
+    if chunk:
+        w(f"// warp item: the chunk row (item / {blocks}; the chunk of a run that starts among sorted positions")
+        w(f"// [row * {chunk}, row * {chunk} + {chunk}), if one does) and a block of 32 columns (item % {blocks})")
+        w(f"const long long num_items = (num_edges + {chunk - 1}) / {chunk} * {blocks};")
+    else:
+        w(f"// warp item: an x-node (item / {blocks}) and a block of 32 columns (item % {blocks})")
+        w(f"const long long num_items = rows_x * {blocks};")
+    w.open("for (long long item = warp; item < num_items; item += num_warps)")
     w(f"const long long node = item / {blocks};")
     w(f"const int q = (int)(item % {blocks}) * 32 + lane;")
+    if chunk:
+        w("long long seg, run_begin, run_end;")
+        w(f"if (!cgtp_chunk(off_x, rows_x, node, {chunk}, lane, seg, run_begin, run_end)) continue;")
+    else:
+        w("const long long run_begin = (long long)off_x[node];")
+        cap = schedule.run_cap
+        w("const long long run_end = " + (f"(long long)off_x[node + 1] - run_begin > {cap} ? run_begin + {cap} : "
+                                           "(long long)off_x[node + 1];  // the next launches add the rest"
+                                           if cap else "(long long)off_x[node + 1];"))
     w("T sum = T(0);")
-    w("const long long run_end = (long long)off_x[node + 1];")
-    w("// 32 edges at a time: each lane finds one edge's row of the slice (-1: none), then the warp adds them in order")
-    w.open("for (long long first = (long long)off_x[node]; first < run_end; first += 32)")
+    w("// 32 edges at a time: each lane finds one edge's row of the slice (-1: none), then the warp adds")
+    w("// them in order, loading eight rows ahead")
+    w.open("for (long long first = run_begin; first < run_end; first += 32)")
     w("const int count = (int)(run_end - first < 32 ? run_end - first : 32);")
     w("long long my_row = -1;")
     w.open("if (lane < count)")
@@ -180,13 +198,24 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     w("const long long p = (long long)pos_z[e] - slice_begin;")
     w("if (p >= 0 && p < slice_count && cgtp_valid(idx_z[e], rows_z)) my_row = p;")
     w.close()
-    w.open("for (int t = 0; t < count; ++t)")
-    w("const long long row = __shfl_sync(CGTP_FULL_MASK, my_row, t);")
-    w(f"if (row >= 0 && q < {out.dim}) sum += slice_rows[row * {out.dim}LL + q];")
+    w.open("for (int t = 0; t < count; t += 8)")
+    w("T v[8];")
+    w("bool in_slice[8];")
+    w("#pragma unroll")
+    w.open("for (int j = 0; j < 8; ++j)")
+    w("const long long row = __shfl_sync(CGTP_FULL_MASK, my_row, (t + j) & 31);")
+    w(f"in_slice[j] = t + j < count && row >= 0 && q < {out.dim};")
+    w(f"v[j] = in_slice[j] ? slice_rows[row * {out.dim}LL + q] : T(0);")
+    w.close()
+    w("#pragma unroll")
+    w("for (int j = 0; j < 8; ++j) if (in_slice[j]) sum += v[j];")
     w.close()
     w.close()
-    kept = "walked0[node * {d}LL + q] + ".format(d=out.dim) if schedule.kept else ""
-    w(f"if (q < {out.dim}) out0[node * {out.dim}LL + q] = {kept}sum;")
+    if chunk:
+        w(f"if (q < {out.dim}) out0[node * {out.dim}LL + q] = sum;  // the chunk row")
+    else:
+        kept = f"walked0[node * {out.dim}LL + q] + " if schedule.kept else ""
+        w(f"if (q < {out.dim}) out0[node * {out.dim}LL + q] = {kept}sum;")
     w.close()
 
 

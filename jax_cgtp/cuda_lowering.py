@@ -145,7 +145,7 @@ def launch(call: Call, *args):
     scalars = np.array([edges] + [call.row_count(r) for r in call.indexed_roles], np.int64)
     kernels = _plan(call, _KERNEL_DTYPES[dtype], index_ctype, edges)
     if kernels and kernels[0].slice_walk:
-        return _launch_slices(call, *kernels, args, edges, dtype)
+        return _launch_slices(call, *kernels, args=args, edges=edges, dtype=dtype)
     results = [None] * len(call.outputs)
     chunks = {}  # call output -> a chunk walk's rows
     for kernel in kernels:
@@ -168,28 +168,29 @@ def launch(call: Call, *args):
     return results
 
 
-def _launch_slices(call: Call, walk: schedule.KernelSchedule, total: schedule.KernelSchedule, args, edges: int,
+def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.KernelSchedule, args, edges: int,
                    dtype) -> list:
     """Every output of a deterministic backward planned in slices (:func:`schedule._sliced`): per
     slice of ``walk.slice_walk`` dst-sorted positions, the walk by destination (x̄ of each edge to
     the slice's rows, the per-edge outputs to their rows, a shared weight's gradient to partial
-    rows) and the sum of the slice's rows into x̄. The first slice's launches write their outputs;
-    a ``fori_loop`` runs the others, each starting from the outputs before it, so the program's
-    size does not grow with the edges."""
+    rows) and the ``sums`` of the slice's rows into x̄ (the sum of each run's first chunk, then
+    the later chunks' rows and their sum in chunk order, or one sum of whole runs). The first
+    slice's launches write their outputs; a ``fori_loop`` runs the others, each starting from the
+    outputs before it, so the program's size does not grow with the edges."""
     inputs, indices, orders = call.split(args)
     (perm_z, off_z), (perm_x, off_x) = orders["z"], orders["x"]
     pos_z = jnp.zeros_like(perm_z).at[perm_z].set(jnp.arange(edges, dtype=perm_z.dtype))
     index_args = [indices[r] for r in call.indexed_roles]
     size = walk.slice_walk
     scalars = np.array([edges] + [call.row_count(r) for r in call.indexed_roles] + [size], np.int64)
-    (x_out,) = total.outputs
-    rows_shape = jax.ShapeDtypeStruct((min(size, edges), x_out.dim), dtype)
+    (x_out,) = sums[0].outputs
+    x_shape = jax.ShapeDtypeStruct((call.row_count("x"), x_out.dim), dtype)
 
     def one_slice(slice_index, results, first: bool):
         at = jnp.reshape(jnp.asarray(slice_index, jnp.int64) * size, (1,))
         kernel = dataclasses.replace(walk, slice_first=first)
         grid = kernel.grid(min(size, edges), 0)
-        shapes = [rows_shape if out.flush == "slice" else
+        shapes = [jax.ShapeDtypeStruct((min(size, edges), x_out.dim), dtype) if out.flush == "slice" else
                   jax.ShapeDtypeStruct(_launch_shape(call, kernel, out, edges, kernel.partial_rows(grid)), dtype)
                   for out in kernel.outputs]
         into = [results[kernel.outputs[k].call_output] for k in kernel.kept]
@@ -203,12 +204,23 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, total: schedule.Ke
                 results[out.call_output] = part if first else results[out.call_output] + part
             else:
                 results[out.call_output] = value
-        adding = dataclasses.replace(total, slice_first=first)
-        before = [results[x_out.call_output]] if adding.kept else []
-        (results[x_out.call_output],) = run_kernel(
-            adding, inputs + index_args + [perm_x, off_x, at, rows, pos_z] + before,
-            [jax.ShapeDtypeStruct((call.row_count("x"), x_out.dim), dtype)],
-            adding.grid(min(size, edges), call.row_count("x")), scalars)
+        x_bar, chunk_rows = results[x_out.call_output], None
+        for adding in (dataclasses.replace(k, slice_first=first) for k in sums):
+            grid = adding.grid(edges, call.row_count("x"))
+            if adding.chunk_sum:  # the chunk rows, in chunk order, onto x̄
+                (x_bar,) = run_kernel(adding, inputs + index_args + [perm_x, off_x, chunk_rows, x_bar],
+                                      [x_shape], grid, scalars[:-1])
+                continue
+            before = [x_bar] if adding.kept else []
+            shape = (jax.ShapeDtypeStruct(_launch_shape(call, adding, x_out, edges, 0), dtype)
+                     if adding.chunk_walk else x_shape)
+            (value,) = run_kernel(adding, inputs + index_args + [perm_x, off_x, at, rows, pos_z] + before,
+                                  [shape], grid, scalars)
+            if adding.chunk_walk:
+                chunk_rows = value
+            else:
+                x_bar = value
+        results[x_out.call_output] = x_bar
         return results
 
     results = one_slice(0, [None] * len(call.outputs), True)

@@ -161,12 +161,16 @@ OWNED_RUN_CAP = 128
 # Dense graph (32-96 edges per node; H200): chunks of 64 took 1.04x and 1.06x the time of 128.
 RUN_CHUNK = 128
 # A deterministic backward by source gathers each edge's z̄[dst] row, which is 5.7-21x wider than
-# x (benchmarks/results/nvidia-h100-80gb-hbm3/conv-train/). With this many dst-sorted positions
-# per slice (0: off), it walks by destination instead, as the atomic backward does, staging z̄ once
-# per node; each edge's x̄ goes to a row of the slice's own, and a second launch adds those rows to
-# the sources, run by run in src-sorted order (bitwise the same at every call). A slice's rows are
-# a bounded workspace, not an (edges x dim) array.
-DETERMINISTIC_BACKWARD_SLICE = 0
+# x (benchmarks/results/nvidia-h100-80gb-hbm3/conv-train/). It walks by destination instead, as
+# the atomic backward does, staging z̄ once per node, in slices of dst-sorted positions whose x̄
+# rows (one per edge) take at most this many bytes (0: walk by source): each edge's x̄ goes to the
+# slice's row for it, and the next launches add those rows to the sources, run by run in
+# src-sorted order (bitwise the same at every call). The rows are a bounded workspace, not an
+# (edges x dim) array. H100, float32, 100k edges, slices of 64k edges against the walk by source
+# (benchmarks/results/nvidia-h100-80gb-hbm3/det-slices/): conv_bwd 0.52-0.72x, conv_dbwd
+# 0.69-0.88x, conv_train 0.86-0.91x; each slice re-reads the sources' runs, so fewer slices are
+# faster (16k, 32k, 128k rows: 1.10-1.35x, 1.04-1.15x, 0.93-0.96x the time of 64k).
+DETERMINISTIC_BACKWARD_SLICE_BYTES = 512 << 20
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in
 # the SM's instruction cache, each warp then fetches its own instructions: l5-c32's forward and
@@ -491,11 +495,11 @@ class KernelSchedule:
     @property
     def kept(self) -> tuple[int, ...]:
         """The outputs that start as an earlier launch's (aliased to arguments after the inputs)."""
+        if self.chunk_walk:  # per-edge outputs; owned ones go to chunk rows, SHARED ones to partial rows
+            return tuple(k for k, out in enumerate(self.outputs) if out.flush == "store")
         if self.beyond_cap or self.chunk_sum or (self.slice_sum and not self.slice_first):
             return tuple(range(len(self.outputs)))
         if self.slice_walk and not self.slice_first:
-            return tuple(k for k, out in enumerate(self.outputs) if out.flush == "store")
-        if self.chunk_walk:  # per-edge outputs; owned ones go to chunk rows, SHARED ones to partial rows
             return tuple(k for k, out in enumerate(self.outputs) if out.flush == "store")
         return ()
 
@@ -510,8 +514,9 @@ class KernelSchedule:
         return sum(-(-out.dim // WARP) for out in self.outputs)
 
     def tiles(self, num_edges: int, num_segments: int) -> int:
-        if self.slice_sum:
-            return num_segments * -(-self.outputs[0].dim // WARP)
+        if self.slice_sum:  # a warp per (source node, or chunk row of a chunk walk) and 32 columns
+            items = chunk_rows(num_edges, self.chunk_walk) if self.chunk_walk else num_segments
+            return items * -(-self.outputs[0].dim // WARP)
         if self.chunk_sum:
             return -(-num_segments // WARP) * self.chunk_sum_blocks
         if self.chunk_walk:
@@ -988,13 +993,14 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
 
 
 def _sliced(call: Call, dtype: str, index_dtype: str, edges: int | None) -> list[KernelSchedule]:
-    """A deterministic backward into x̄ by ``src`` from z̄ by ``dst`` as two launches per slice of
-    DETERMINISTIC_BACKWARD_SLICE dst-sorted positions: the atomic call's joint walk by destination
-    (its call carries ``dst``'s ordering alone), x̄ of each edge to the slice's row for it, and a
-    launch (a call carrying ``src``'s ordering) that adds the rows to the sources' x̄ rows; [] when
-    the setting is off or the call is not such a backward."""
+    """A deterministic backward into x̄ by ``src`` from z̄ by ``dst`` in slices of dst-sorted
+    positions (DETERMINISTIC_BACKWARD_SLICE_BYTES of x̄ rows): per slice, the atomic call's joint
+    walk by destination (its call carries ``dst``'s ordering alone), x̄ of each edge to the slice's
+    row for it, then a sum by source (a call carrying ``src``'s ordering) that adds the rows to the
+    sources' x̄ rows, in chunks of RUN_CHUNK edges of each run (:func:`_chunked`) where ``edges`` is
+    more than RUN_CHUNK; [] when the setting is off or the call is not such a backward."""
     roles = [o.role for o in call.outputs]
-    if (DETERMINISTIC_BACKWARD_SLICE <= 0 or not call.deterministic or "z" in roles or "x" not in roles
+    if (DETERMINISTIC_BACKWARD_SLICE_BYTES <= 0 or not call.deterministic or "z" in roles or "x" not in roles
             or call.kind("x") != INDEXED or call.kind("z") != INDEXED):
         return []
     (walk,) = _launches(dataclasses.replace(call, deterministic=False, orderings=("z",)), dtype, index_dtype, edges) or [None]
@@ -1003,13 +1009,16 @@ def _sliced(call: Call, dtype: str, index_dtype: str, edges: int | None) -> list
     covered = [s for s in walk.slots if s.role == "x"]
     outputs = tuple(dataclasses.replace(o, flush="slice", zero_ranges=_zero_ranges(call.problem, "x", covered))
                     if o.role == "x" else o for o in walk.outputs)
-    walk = dataclasses.replace(walk, outputs=outputs, slice_walk=DETERMINISTIC_BACKWARD_SLICE)
     x_out = next(o for o in outputs if o.role == "x")
+    rows = max(1, DETERMINISTIC_BACKWARD_SLICE_BYTES // (x_out.dim * walk.itemsize))
+    walk = dataclasses.replace(walk, outputs=outputs, slice_walk=rows)
     total = KernelSchedule(dataclasses.replace(call, orderings=("x",)), dtype, index_dtype,
                            (dataclasses.replace(x_out, flush="own", zero_ranges=()),),
-                           (), "segments", WARP, "x", (), 0, WARPS_PER_BLOCK,
-                           slice_sum=DETERMINISTIC_BACKWARD_SLICE)
-    return [walk, total]
+                           (), "segments", WARP, "x", (), 0, WARPS_PER_BLOCK, slice_sum=rows)
+    if RUN_CHUNK <= 0 or edges is None or edges <= RUN_CHUNK:  # (no run is longer than edges)
+        return [walk, total]
+    capped, chunks, chunk_total = _chunked(total, RUN_CHUNK)
+    return [walk, capped, chunks, dataclasses.replace(chunk_total, slice_sum=0)]
 
 
 def chunk_rows(edges: int, chunk: int) -> int:

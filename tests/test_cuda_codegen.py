@@ -211,14 +211,15 @@ def test_forward_by_destination_holds_at_most_64_z_components(dtype, determinist
 
 
 @pytest.mark.parametrize("dtype", ["float", "double"])
-def test_long_code_walks_the_tile_in_path_groups(dtype):
+def test_long_code_walks_the_tile_in_path_groups(dtype, planned_with):
     """``long_code_pair`` has 4,885 CG nonzeros: its forward (one term) and fused backward (three)
     walk tiles of 16 edges, each x block in consecutive groups of at most 1,024 terms (a path
     with more alone), the paths in order. The convolution's fused backward by destination groups
-    at most 1,024 terms when it adds x̄ atomically, and when its warps own x̄ (deterministic) in
-    float64; 512 when they own it in float32.
+    at most 1,024 terms when it adds x̄ atomically, and when its warps own x̄ (deterministic, walking
+    by source: ``DETERMINISTIC_BACKWARD_SLICE_BYTES`` off) in float64; 512 when they own it in float32.
     A MACE forward keeps one edge per tile, and mace-l2-c128's fused backward (1,053 terms) walks
     in whole x blocks."""
+    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
     problem = long_code_pair(kernels="auto")[0].problem
     for call in (forward_call(problem, (BATCHED,) * 4), backward_call(problem, (BATCHED,) * 4)):
         (kernel,) = schedule.plan(call, dtype, "int")
@@ -340,7 +341,10 @@ def test_only_the_atomic_convolution_walks_z_apart_above_the_limit(deterministic
     assert any("y" in roles and "z" in roles for roles in launches) == deterministic, launches
 
 
-def test_deterministic_convolution_reduces_each_node_in_one_warp():
+def test_deterministic_convolution_reduces_each_node_in_one_warp(planned_with):
+    """With ``DETERMINISTIC_BACKWARD_SLICE_BYTES`` off, the deterministic backward walks each source
+    node's sorted run on one warp, which owns its x̄ row."""
+    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     call = backward_call(mace_problem(), kinds, rows=(10, None, None, 10), deterministic=True)
     (kernel,) = schedule.plan(call, "double", "long long")
@@ -355,32 +359,44 @@ def test_deterministic_convolution_reduces_each_node_in_one_warp():
 
 
 def test_deterministic_backward_in_slices_walks_by_destination_without_atomics(planned_with):
-    """With ``DETERMINISTIC_BACKWARD_SLICE``, the deterministic fused backward is the atomic one's
-    walk by destination (its call carries ``dst``'s ordering alone) with x̄ stored to the slice's
-    rows, and a sum by source (``src``'s ordering); no atomics, nothing zero-filled. Forwards,
-    atomic calls and passes without x̄ keep their plans."""
-    planned_with(DETERMINISTIC_BACKWARD_SLICE=4096)
+    """The deterministic fused backward is the atomic one's walk by destination (its call carries
+    ``dst``'s ordering alone) with x̄ stored to the slice's rows (as many as fit in
+    ``DETERMINISTIC_BACKWARD_SLICE_BYTES``), and a sum by source (``src``'s ordering): over whole
+    runs up to ``RUN_CHUNK`` edges, else each run's first chunk, the later chunks to rows of their
+    own, and their sum in chunk order. No atomics, nothing zero-filled. Forwards, atomic calls and
+    passes without x̄ keep their plans, and so does every call with the setting off."""
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     rows = (10, None, None, 10)
-    walk, total = schedule.plan(backward_call(mace_problem(), kinds, rows, deterministic=True), "float", "int", 100)
+    call = backward_call(mace_problem(), kinds, rows, deterministic=True)
+    x_dim = call.problem.irreps_in1.dim
+    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=4096 * x_dim * 4 + 5)
+    walk, total = schedule.plan(call, "float", "int", 100)
     assert walk.slice_walk == total.slice_sum == 4096 and walk.call.walk == "z" and total.call.sorted_roles == ("x",)
     assert [o.flush for o in walk.outputs] == ["slice", "store", "store"] and walk.joint.by_destination
     assert [(o.role, o.flush) for o in total.outputs] == [("x", "own")] and total.segment_role == "x"
-    assert not any(o.zeroed for k in (walk, total) for o in k.outputs)
-    for kernel in (walk, total):
-        source = codegen.generate(kernel)
-        assert "atomic" not in source.split("cgtp_kernel(")[1] and "slice_at[0]" in source
+    walk, capped, chunks, chunk_total = schedule.plan(call, "double", "int", 1000)
+    assert walk.slice_walk == capped.slice_sum == chunks.slice_sum == 2048 and not chunk_total.slice_sum
+    assert (capped.run_cap, chunks.chunk_walk, chunk_total.chunk_sum) == (schedule.RUN_CHUNK,) * 3
+    assert capped.kept == () and chunks.kept == () and chunk_total.kept == (0,)
+    kernels = (walk, total, capped, chunks, chunk_total)
+    assert not any(o.zeroed for k in kernels for o in k.outputs)
+    for kernel in kernels:
+        assert "atomic" not in codegen.generate(kernel).split("cgtp_kernel(")[1]
+    assert all("slice_at[0]" in codegen.generate(k) for k in (walk, total, capped, chunks))
     atomic = schedule.plan(backward_call(mace_problem(), kinds, rows), "float", "int", 100)
     forward = schedule.plan(forward_call(mace_problem(), kinds, rows, deterministic=True), "float", "int", 100)
     y_alone = Call(mace_problem(), kinds, rows, ("x", "y", "w", "z"), (Output("y", (Term((0, 2, 3)),)),), True)
     for kernels in (atomic, forward, schedule.plan(y_alone, "float", "int", 100)):
         assert not any(k.slice_walk or k.slice_sum for k in kernels)
+    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
+    assert not any(k.slice_walk or k.slice_sum for k in schedule.plan(call, "float", "int", 100))
 
 
-def test_walks_over_sorted_runs_leave_the_edges_out_of_range_to_every_warp():
+def test_walks_over_sorted_runs_leave_the_edges_out_of_range_to_every_warp(planned_with):
     """A padded graph's padding edges (index out of range, sorted last) are one long run: a walk
     walks only the nodes' runs, a warp per node, and the per-edge outputs of the edges out of range
-    get zeros from every warp of the grid, a warp per edge."""
+    get zeros from every warp of the grid, a warp per edge (the backward: walking by source)."""
+    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     forward_call_ = forward_call(mace_problem(), kinds, (10, None, None, 10), deterministic=True)
     backward = backward_call(mace_problem(), kinds, rows=(10, None, None, 10), deterministic=True)
@@ -416,8 +432,8 @@ def test_deterministic_forward_owns_each_node():
 def test_only_the_deterministic_forward_writes_z_lane_by_lane(dtype):
     """The deterministic forward writes each node's z chunk once, straight from each lane's
     registers (``lc * dim + q``, strided), with no transposition buffer. The atomic forward and
-    the product's forward transpose through shared memory, and so does the deterministic
-    backward's x̄."""
+    the product's forward transpose through shared memory, and so do the deterministic
+    backward's walks (not the sums of its slices)."""
     kinds, rows = (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10)
     (owned,) = schedule.plan(forward_call(mace_problem(), kinds, rows, deterministic=True), dtype, "int")
     assert owned.outputs[0].lane_writes and owned.transpose_size == 0
@@ -429,15 +445,16 @@ def test_only_the_deterministic_forward_writes_z_lane_by_lane(dtype):
     (atomic,) = schedule.plan(forward_call(mace_problem(), kinds, rows), dtype, "int")
     (product,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), dtype, "int")
     backward = schedule.plan(backward_call(mace_problem(), kinds, rows, deterministic=True), dtype, "int")
-    for kernel in [atomic, product] + backward:
+    for kernel in [atomic, product] + [k for k in backward if not k.slice_sum]:
         assert not any(o.lane_writes for o in kernel.outputs)
         assert kernel.transpose_size > 0 and "obuf[q]" in codegen.generate(kernel)
 
 
-def test_deterministic_walks_of_long_code_run_in_lockstep():
+def test_deterministic_walks_of_long_code_run_in_lockstep(planned_with):
     """A walk over sorted runs keeps one free warp per block up to the first LOCKSTEP_WARPS step of
     CG terms; above it, blocks of W warps walk consecutive runs together and meet before each
-    group of paths."""
+    group of paths (the backward: walking by source)."""
+    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     def up_to(lmax, irreps_in1, irreps_in2):  # the outputs of l <= lmax (sevennet-l3-c32 and l5-c32)
         return jax_cgtp.channelwise_tensor_product(irreps_in1, irreps_in2, filter_ir_out=[
@@ -739,10 +756,11 @@ def test_auto_runs_derivatives_of_node_level_shared_uvw_products_on_xla():
     assert roles == [["z"]]  # the forward on the kernels, the backward on XLA
 
 
-def test_free_running_walks_of_long_code_keep_their_registers():
-    """sevennet-l3-c32's fused backward (1,833 CG terms) walks free as a product and as the atomic
-    convolution: one block per SM is ptxas' target. Its forward by destination (611 terms), the
-    deterministic backward (lockstep) and a short pass keep ptxas' own target."""
+def test_free_running_walks_of_long_code_keep_their_registers(planned_with):
+    """sevennet-l3-c32's fused backward (1,833 CG terms) walks free as a product and as the
+    convolution (atomic, and the deterministic one's walk by destination): one block per SM is
+    ptxas' target. Its forward by destination (611 terms), the deterministic backward's sum by
+    source, its walk by source (lockstep; slices off) and a short pass keep ptxas' own target."""
     problem = jax_cgtp.channelwise_tensor_product("32x0e+32x1o+32x2e+32x3o", "0e+1o+2e+3o",
                                                   filter_ir_out=[f"{l}{p}" for l in range(4) for p in "eo"]).problem
     conv = (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10)
@@ -753,9 +771,11 @@ def test_free_running_walks_of_long_code_keep_their_registers():
         "det_conv_bwd": schedule.plan(backward_call(problem, *conv, deterministic=True), "float", "int"),
         "mace_bwd": schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int"),
     }
+    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
+    kernels["det_src_conv_bwd"] = schedule.plan(backward_call(problem, *conv, deterministic=True), "float", "int")
     roomy = {name: [k.roomy for k in launched] for name, launched in kernels.items()}
-    assert roomy == {"bwd": [True], "conv_bwd": [True], "conv_fwd": [False], "det_conv_bwd": [False],
-                     "mace_bwd": [False]}
-    assert kernels["det_conv_bwd"][0].lockstep
+    assert roomy == {"bwd": [True], "conv_bwd": [True], "conv_fwd": [False], "det_conv_bwd": [True, False],
+                     "mace_bwd": [False], "det_src_conv_bwd": [False]}
+    assert kernels["det_src_conv_bwd"][0].lockstep
     assert "__launch_bounds__(128, 1)" in codegen.generate(kernels["bwd"][0])
     assert "__launch_bounds__(128) " in codegen.generate(kernels["conv_fwd"][0])

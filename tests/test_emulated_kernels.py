@@ -201,8 +201,8 @@ def test_deterministic_walks_split_long_runs_into_chunks_added_in_order(lockstep
     warp of its own into a row of its own (rows poisoned), and a third adds those rows to the node's
     in chunk order; every member matches the reference. ``lockstep``: the first walks in step.
     ``shared``: the backward by source also sums w̄ of shared weights, the chunks into partial rows
-    of their own."""
-    planned_with(RUN_CHUNK=4, **({"LOCKSTEP_WARPS": ((0, 2),)} if lockstep else {}))
+    of their own. (The backward walks by source: ``DETERMINISTIC_BACKWARD_SLICE_BYTES`` off.)"""
+    planned_with(RUN_CHUNK=4, DETERMINISTIC_BACKWARD_SLICE_BYTES=0, **({"LOCKSTEP_WARPS": ((0, 2),)} if lockstep else {}))
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(58), kernels, 9, 120, jnp.float64, bad_fraction=0.1,
                                      shared=shared)
@@ -320,8 +320,8 @@ def test_deterministic_walks_in_lockstep_match_reference(warps, one_block, num_n
     """Every walk over sorted runs in lockstep (``schedule.LOCKSTEP_WARPS``): the block's warps
     walk consecutive runs as long as the longest (a 90-edge run beside empty ones with 4 nodes),
     out-of-range indices and isolated nodes included; ``one_block``: a grid of one block walks
-    every run in turn."""
-    planned_with(LOCKSTEP_WARPS=((0, warps),), **({"MAX_BLOCKS": 1} if one_block else {}))
+    every run in turn. (The backward walks by source: ``DETERMINISTIC_BACKWARD_SLICE_BYTES`` off.)"""
+    planned_with(LOCKSTEP_WARPS=((0, warps),), DETERMINISTIC_BACKWARD_SLICE_BYTES=0, **({"MAX_BLOCKS": 1} if one_block else {}))
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
     args = random_graph(jax.random.PRNGKey(num_nodes), kernels, num_nodes, num_edges, jnp.float64, bad_fraction=0.1)
     before = _launches()
@@ -486,8 +486,8 @@ def test_second_derivatives_of_the_convolution_are_joint_passes(sorted_by_dst, d
     """The force loss's second derivative when x, y and w all depend on the positions: x̄, ȳ, w̄
     and z, sums of terms over two inputs of each of x, y and w, in one walk by destination
     (atomic, up to ``Z_WITH_BACKWARD_MAX_TERMS`` CG terms), or z in a forward by destination of
-    its own (atomic above that: ``z_apart`` sets it to 0; deterministic: a walk by source and a
-    forward by destination). Two paths have no weights, so that the terms of the weights'
+    its own (atomic above that: ``z_apart`` sets it to 0; deterministic: a walk by destination in
+    slices, whose x̄ rows the next launches sum by source, and a forward by destination). Two paths have no weights, so that the terms of the weights'
     tangent skip them."""
     if z_apart:
         planned_with(Z_WITH_BACKWARD_MAX_TERMS=0)
@@ -497,9 +497,9 @@ def test_second_derivatives_of_the_convolution_are_joint_passes(sorted_by_dst, d
                         sorted_by_dst=sorted_by_dst)
     before = _launches()
     actual = jax.jit(functools.partial(conv_second_derivatives, kernels, 9))(*args)
-    launched = kernel_emulator.launched()[before:]
-    assert all(k.joint is not None for k in launched)
-    terms = ["".join(sorted(t.role for t in k.joint.terms)) for k in launched]
+    walks = [k for k in kernel_emulator.launched()[before:] if not (k.slice_sum or k.chunk_sum)]
+    assert all(k.joint is not None for k in walks)
+    terms = ["".join(sorted(t.role for t in k.joint.terms)) for k in walks]
     apart = deterministic or z_apart
     assert ("wwxxyyzzz" in terms) != apart
     assert ("wwxxyy" in terms and "zzz" in terms) == apart
@@ -522,28 +522,32 @@ def test_second_derivatives_of_the_convolution_with_long_code_walk_path_groups(d
     assert_close(actual, jax.jit(functools.partial(conv_second_derivatives, reference, 9))(*args), jnp.float64)
 
 
-@pytest.mark.parametrize("family, shared, edges", [(conv_members, False, 300), (conv_members, True, 50),
-                                                   (conv_second_derivatives, False, 50)])
-def test_deterministic_backward_in_slices_walks_by_destination(family, shared, edges, planned_with):
-    """With ``DETERMINISTIC_BACKWARD_SLICE``, the deterministic backward walks by destination in
-    four slices of dst-sorted positions: x̄ of each edge to the slice's rows, which the next launch
-    adds to the sources in src-sorted order (runs of more than 32 edges with 300 edges), slice after
-    slice; ȳ and w̄ per edge, a shared weight's gradient in partial rows; edges out of range and
-    nodes without edges included; bitwise the same at a second call. The force loss's second
-    derivatives too (x̄, ȳ and w̄ as sums of terms over both versions of the inputs; two paths
-    without weights)."""
-    planned_with(DETERMINISTIC_BACKWARD_SLICE=-(-edges // 4))
+@pytest.mark.parametrize("family, shared, edges, run_chunk", [(conv_members, False, 300, 128),
+                                                              (conv_members, True, 50, 6),
+                                                              (conv_second_derivatives, False, 50, 6)])
+def test_deterministic_backward_in_slices_walks_by_destination(family, shared, edges, run_chunk, planned_with):
+    """With ``DETERMINISTIC_BACKWARD_SLICE_BYTES``, the deterministic backward walks by destination
+    in four slices of dst-sorted positions: x̄ of each edge to the slice's rows, which the next
+    launches add to the sources in src-sorted order (runs of more than 32 edges with 300 edges; runs
+    longer than ``RUN_CHUNK`` in chunks, whose rows are added in chunk order), slice after slice; ȳ
+    and w̄ per edge, a shared weight's gradient in partial rows; edges out of range and nodes
+    without edges included; bitwise the same at a second call. The force loss's second derivatives
+    too (x̄, ȳ and w̄ as sums of terms over both versions of the inputs; two paths without weights)."""
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", unweighted=(1, 6),
                                                   deterministic=True)
+    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=-(-edges // 4) * kernels.irreps_in1.dim * 8, RUN_CHUNK=run_chunk)
     args = random_graph(jax.random.PRNGKey(58), kernels, 9, edges, jnp.float64, bad_fraction=0.1, shared=shared)
-    src = args[3]
-    assert edges < 300 or int(jnp.bincount(jnp.where(src >= 0, src, 9), length=10)[:9].max()) > 32
+    runs = jnp.bincount(jnp.where(args[3] >= 0, args[3], 9), length=10)[:9]
+    assert int(runs.max()) > min(run_chunk, 32)
     members = jax.jit(functools.partial(family, kernels, 9))
     before = _launches()
     actual = members(*args)
     launched = kernel_emulator.launched()[before:]
     walks = [k for k in launched if k.slice_walk]
-    assert walks and len(walks) == len([k for k in launched if k.slice_sum])
+    chunked = run_chunk < edges
+    assert walks and len([k for k in launched if k.slice_sum]) == len(walks) * (2 if chunked else 1)
+    sums_of_chunks = [k for k in launched if k.chunk_sum and k.call.orderings == ("x",)]  # (not a forward's)
+    assert len(sums_of_chunks) == (len(walks) if chunked else 0)
     assert len(walks) == 4 * sum(k.slice_first for k in walks)  # each sliced call: 4 slices, the first fresh
     assert_close(actual, jax.jit(functools.partial(family, reference, 9))(*args), jnp.float64)
     again = members(*args)

@@ -396,30 +396,32 @@ def test_convolution_forward_look_ahead_depths_match_reference(dtype, depth, pla
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("shared", [False, True])
 def test_deterministic_backward_in_slices_matches_reference(dtype, shared, planned_with):
-    """``DETERMINISTIC_BACKWARD_SLICE``: the deterministic backward walks by destination in slices
-    of 1,000 dst-sorted positions (5,000 edges: five, four of them in a loop), x̄ of each edge to
-    the slice's rows, added to the sources slice after slice; every member, and (per-edge weights)
-    the force loss's second derivatives."""
-    planned_with(DETERMINISTIC_BACKWARD_SLICE=1000)
+    """``DETERMINISTIC_BACKWARD_SLICE_BYTES``: the deterministic backward walks by destination in
+    slices of 1,000 dst-sorted positions (5,000 edges: five, four of them in a loop), x̄ of each
+    edge to the slice's rows, added to the sources slice after slice; every member, and (per-edge
+    weights) the force loss's second derivatives."""
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, unweighted=(1, 6), deterministic=True)
+    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=1000 * cuda.irreps_in1.dim * jnp.dtype(dtype).itemsize)
     args = random_graph(jax.random.PRNGKey(58), cuda, 300, 5000, dtype, bad_fraction=0.05, shared=shared)
     _assert_conv_members_match(cuda, reference, 300, args, dtype)
     if not shared:
         _assert_conv_second_derivatives_match(dtype, sorted_by_dst=False, deterministic=True)
 
 
-@pytest.mark.parametrize("plan", ["slots", "joint", "lockstep", "stream", "chunks", "shared_chunks", "slices"])
+@pytest.mark.parametrize("plan", ["slots", "joint", "lockstep", "stream", "chunks", "shared_chunks", "slices",
+                                  "by_source"])
 def test_deterministic_convolution_is_bitwise_reproducible(plan, planned_with):
     """Slot by slot (a random problem), by joint passes (spherical harmonics; walked in lockstep
     too), by weight streams (a fully connected product), and by chunks: runs of 10,000 edges by
-    source and by destination, walked in chunks of ``RUN_CHUNK`` whose rows are added in order
-    (``shared_chunks``: with shared weights, whose w̄ the chunk walks add partial rows to); the
-    backward by destination in slices of 7,000 positions (``slices``)."""
+    source and by destination, walked (the forward) or summed (the backward's slice rows) in chunks
+    of ``RUN_CHUNK`` whose rows are added in order (``shared_chunks``: with shared weights, whose w̄
+    the chunk walks add partial rows to); the backward by destination in slices of 7,000 positions
+    (``slices``, with the long runs), or walking by source (``by_source``, with the long runs)."""
     if plan == "lockstep":
         planned_with(LOCKSTEP_WARPS=((0, 4),))
-    if plan == "slices":
-        planned_with(DETERMINISTIC_BACKWARD_SLICE=7000)
-    if plan in ("joint", "lockstep", "chunks", "shared_chunks", "slices"):
+    if plan == "by_source":
+        planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
+    if plan in ("joint", "lockstep", "chunks", "shared_chunks", "slices", "by_source"):
         cuda, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
     elif plan == "stream":
         cuda, _ = fully_connected_pair(jax_cgtp.TensorProductConv, deterministic=True)
@@ -427,7 +429,9 @@ def test_deterministic_convolution_is_bitwise_reproducible(plan, planned_with):
         cuda, _ = pair(random_problem(720, mode="uvu", lmax=2), jax_cgtp.TensorProductConv, deterministic=True)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(9), cuda, 1000, 40_000, jnp.float32,
                                      shared=plan == "shared_chunks")
-    if plan in ("chunks", "shared_chunks"):
+    if plan == "slices":
+        planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=7000 * cuda.irreps_in1.dim * 4)
+    if plan in ("chunks", "shared_chunks", "slices", "by_source"):
         src, dst = src.at[30_000:].set(998), dst.at[30_000:].set(999)
     graph = jax_cgtp.sort_graph(src, dst, 1000)
 

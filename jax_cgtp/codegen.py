@@ -160,24 +160,25 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     edge whose destination is out of range has none), added in src-sorted order to what the earlier
     slices wrote; with ``run_cap``, its run's first ``run_cap`` edges alone. With ``chunk_walk``,
     each later chunk of a run to a chunk row of its own instead (:func:`jax_cgtp.schedule._chunked`).
-    A warp takes a node (or chunk) and 32 columns, a lane per column."""
+    A warp takes a node (or chunk) and a group of 32-column blocks, a lane per column of each block:
+    it finds the run's edges once per group and loads a row's columns of the group at once."""
     (out,) = schedule.outputs
-    blocks = -(-out.dim // WARP)
+    groups, per_group = schedule.slice_sum_groups, schedule.slice_sum_group_blocks
     chunk = schedule.chunk_walk
     _emit_slice_bounds(w)
     w("const int lane = threadIdx.x & 31;")
     w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
     w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
+    what = "the chunk row" if chunk else "an x-node"
+    w(f"// warp item: {what} (item / {groups}) and a group of {per_group} blocks of 32 columns (item % {groups})")
     if chunk:
-        w(f"// warp item: the chunk row (item / {blocks}; the chunk of a run that starts among sorted positions")
-        w(f"// [row * {chunk}, row * {chunk} + {chunk}), if one does) and a block of 32 columns (item % {blocks})")
-        w(f"const long long num_items = (num_edges + {chunk - 1}) / {chunk} * {blocks};")
+        w(f"// (the chunk of a run that starts among sorted positions [row * {chunk}, row * {chunk} + {chunk}), if one does)")
+        w(f"const long long num_items = (num_edges + {chunk - 1}) / {chunk} * {groups};")
     else:
-        w(f"// warp item: an x-node (item / {blocks}) and a block of 32 columns (item % {blocks})")
-        w(f"const long long num_items = rows_x * {blocks};")
+        w(f"const long long num_items = rows_x * {groups};")
     w.open("for (long long item = warp; item < num_items; item += num_warps)")
-    w(f"const long long node = item / {blocks};")
-    w(f"const int q = (int)(item % {blocks}) * 32 + lane;")
+    w(f"const long long node = item / {groups};")
+    w(f"const int q0 = (int)(item % {groups}) * {per_group * WARP} + lane;  // column j * 32 + q0 of each row")
     if chunk:
         w("long long seg, run_begin, run_end;")
         w(f"if (!cgtp_chunk(off_x, rows_x, node, {chunk}, lane, seg, run_begin, run_end)) continue;")
@@ -187,9 +188,11 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
         w("const long long run_end = " + (f"(long long)off_x[node + 1] - run_begin > {cap} ? run_begin + {cap} : "
                                            "(long long)off_x[node + 1];  // the next launches add the rest"
                                            if cap else "(long long)off_x[node + 1];"))
-    w("T sum = T(0);")
+    w(f"T sum[{per_group}];")
+    w("#pragma unroll")
+    w(f"for (int j = 0; j < {per_group}; ++j) sum[j] = T(0);")
     w("// 32 edges at a time: each lane finds one edge's row of the slice (-1: none), then the warp adds")
-    w("// them in order, loading eight rows ahead")
+    w("// the rows in order")
     w.open("for (long long first = run_begin; first < run_end; first += 32)")
     w("const int count = (int)(run_end - first < 32 ? run_end - first : 32);")
     w("long long my_row = -1;")
@@ -198,24 +201,23 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     w("const long long p = (long long)pos_z[e] - slice_begin;")
     w("if (p >= 0 && p < slice_count && cgtp_valid(idx_z[e], rows_z)) my_row = p;")
     w.close()
-    w.open("for (int t = 0; t < count; t += 8)")
-    w("T v[8];")
-    w("bool in_slice[8];")
+    w.open("for (int t = 0; t < count; ++t)")
+    w("const long long row = __shfl_sync(CGTP_FULL_MASK, my_row, t);")
+    w("if (row < 0) continue;")
+    w(f"const T* __restrict__ from = slice_rows + row * {out.dim}LL + q0;")
     w("#pragma unroll")
-    w.open("for (int j = 0; j < 8; ++j)")
-    w("const long long row = __shfl_sync(CGTP_FULL_MASK, my_row, (t + j) & 31);")
-    w(f"in_slice[j] = t + j < count && row >= 0 && q < {out.dim};")
-    w(f"v[j] = in_slice[j] ? slice_rows[row * {out.dim}LL + q] : T(0);")
+    w(f"for (int j = 0; j < {per_group}; ++j) if (j * 32 + q0 < {out.dim}) sum[j] += from[j * 32];")
+    w.close()
     w.close()
     w("#pragma unroll")
-    w("for (int j = 0; j < 8; ++j) if (in_slice[j]) sum += v[j];")
-    w.close()
-    w.close()
+    w.open(f"for (int j = 0; j < {per_group}; ++j)")
+    w(f"const int q = j * 32 + q0;")
     if chunk:
-        w(f"if (q < {out.dim}) out0[node * {out.dim}LL + q] = sum;  // the chunk row")
+        w(f"if (q < {out.dim}) out0[node * {out.dim}LL + q] = sum[j];  // the chunk row")
     else:
         kept = f"walked0[node * {out.dim}LL + q] + " if schedule.kept else ""
-        w(f"if (q < {out.dim}) out0[node * {out.dim}LL + q] = {kept}sum;")
+        w(f"if (q < {out.dim}) out0[node * {out.dim}LL + q] = {kept}sum[j];")
+    w.close()
     w.close()
 
 

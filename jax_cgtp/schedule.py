@@ -171,6 +171,9 @@ RUN_CHUNK = 128
 # 0.69-0.88x, conv_train 0.86-0.91x; each slice re-reads the sources' runs, so fewer slices are
 # faster (16k, 32k, 128k rows: 1.10-1.35x, 1.04-1.15x, 0.93-0.96x the time of 64k).
 DETERMINISTIC_BACKWARD_SLICE_BYTES = 512 << 20
+# A slice sum's warp adds the columns of at most this many 32-column blocks of each row: one warp
+# finds a run's edges for all of them, and a row's loads are in flight at once.
+SLICE_SUM_GROUP_BLOCKS = 12
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in
 # the SM's instruction cache, each warp then fetches its own instructions: l5-c32's forward and
@@ -509,14 +512,24 @@ class KernelSchedule:
         return bool(self.chunk_walk) and out.flush == "own"
 
     @property
+    def slice_sum_groups(self) -> int:
+        """A slice sum's groups of 32-column blocks of x̄ (SLICE_SUM_GROUP_BLOCKS), a warp per group."""
+        return -(-self.outputs[0].dim // (WARP * SLICE_SUM_GROUP_BLOCKS))
+
+    @property
+    def slice_sum_group_blocks(self) -> int:
+        """The 32-column blocks of each of a slice sum's groups (the last may have fewer columns)."""
+        return -(-self.outputs[0].dim // (WARP * self.slice_sum_groups))
+
+    @property
     def chunk_sum_blocks(self) -> int:
         """A chunk sum's blocks of 32 columns over its outputs: a warp per 32 nodes and block."""
         return sum(-(-out.dim // WARP) for out in self.outputs)
 
     def tiles(self, num_edges: int, num_segments: int) -> int:
-        if self.slice_sum:  # a warp per (source node, or chunk row of a chunk walk) and 32 columns
+        if self.slice_sum:  # a warp per (source node, or chunk row of a chunk walk) and group of columns
             items = chunk_rows(num_edges, self.chunk_walk) if self.chunk_walk else num_segments
-            return items * -(-self.outputs[0].dim // WARP)
+            return items * self.slice_sum_groups
         if self.chunk_sum:
             return -(-num_segments // WARP) * self.chunk_sum_blocks
         if self.chunk_walk:
@@ -1018,7 +1031,8 @@ def _sliced(call: Call, dtype: str, index_dtype: str, edges: int | None) -> list
     if RUN_CHUNK <= 0 or edges is None or edges <= RUN_CHUNK:  # (no run is longer than edges)
         return [walk, total]
     capped, chunks, chunk_total = _chunked(total, RUN_CHUNK)
-    return [walk, capped, chunks, dataclasses.replace(chunk_total, slice_sum=0)]
+    return [walk, capped, dataclasses.replace(chunks, warps_per_block=WARPS_PER_BLOCK),
+            dataclasses.replace(chunk_total, slice_sum=0)]
 
 
 def chunk_rows(edges: int, chunk: int) -> int:

@@ -121,6 +121,13 @@ WALK_GROUP_TERMS_BY_DESTINATION = 512
 WIDE_GROUP_TERMS_BY_DESTINATION = 1024
 WIDE_GROUP_MIN_TERMS = {4: 3, 8: 2}  # by item size: 3 terms in float32, 2 in float64
 WIDE_GROUP_MIN_OWNED_TERMS = {8: 3}  # by item size: 3 terms in float64, never in float32
+# A deterministic backward's walk by destination in slices (DETERMINISTIC_BACKWARD_SLICE_BYTES)
+# stores x̄ to each edge's row of the slice, and adds to it in every later group of the x block:
+# rows in DRAM, where the atomic walk adds to L2-resident x̄ rows. l5-c32's conv_bwd (three terms)
+# took 0.909x (float64) and 0.859x (float32) the time with groups of 1,536 terms against 1,024,
+# and 1.29x and 2.22x with 2,048 (H100, same process; benchmarks/results/.../det-slices/).
+SLICE_GROUP_TERMS_BY_DESTINATION = 1536
+SLICE_GROUP_MIN_TERMS = 3
 WALK_TILE = 16  # edges per tile of a product's walk
 # A convolution's launch of z next to x̄, ȳ and w̄ (the force loss's second derivative when x, y
 # and w all depend on the positions: 9 terms) keeps them in one walk by destination only up to
@@ -755,9 +762,12 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
         limits.append(lambda group: sum(p.z_dim for p in group) <= limit)
     if by_destination and total > GROUPED_TERMS_BY_DESTINATION:
         x_flush = next((o.flush for o in outputs if o.role == "x"), None)
-        minimum = {"atomic": WIDE_GROUP_MIN_TERMS, "own": WIDE_GROUP_MIN_OWNED_TERMS}.get(x_flush, {}).get(itemsize)
+        minimum = {"atomic": WIDE_GROUP_MIN_TERMS, "own": WIDE_GROUP_MIN_OWNED_TERMS,
+                   "slice": WIDE_GROUP_MIN_TERMS}.get(x_flush, {}).get(itemsize)
         wide = minimum is not None and len(terms) >= minimum
         group_terms = WIDE_GROUP_TERMS_BY_DESTINATION if wide else WALK_GROUP_TERMS_BY_DESTINATION
+        if x_flush == "slice" and len(terms) >= SLICE_GROUP_MIN_TERMS:
+            group_terms = SLICE_GROUP_TERMS_BY_DESTINATION
         limits.append(lambda group: code(group) <= group_terms)
     walk = by_destination or total > (WALK_TERMS if len(terms) == 1 else MULTI_TERM_WALK_TERMS)
     if walk and not by_destination:
@@ -1016,15 +1026,13 @@ def _sliced(call: Call, dtype: str, index_dtype: str, edges: int | None) -> list
     if (DETERMINISTIC_BACKWARD_SLICE_BYTES <= 0 or not call.deterministic or "z" in roles or "x" not in roles
             or call.kind("x") != INDEXED or call.kind("z") != INDEXED):
         return []
-    (walk,) = _launches(dataclasses.replace(call, deterministic=False, orderings=("z",)), dtype, index_dtype, edges) or [None]
+    (walk,) = _launches(dataclasses.replace(call, deterministic=False, orderings=("z",)), dtype, index_dtype, edges,
+                        x_flush="slice") or [None]
     if walk is None or walk.joint is None or not walk.joint.by_destination:
         return []
-    covered = [s for s in walk.slots if s.role == "x"]
-    outputs = tuple(dataclasses.replace(o, flush="slice", zero_ranges=_zero_ranges(call.problem, "x", covered))
-                    if o.role == "x" else o for o in walk.outputs)
-    x_out = next(o for o in outputs if o.role == "x")
+    x_out = next(o for o in walk.outputs if o.role == "x")
     rows = max(1, DETERMINISTIC_BACKWARD_SLICE_BYTES // (x_out.dim * walk.itemsize))
-    walk = dataclasses.replace(walk, outputs=outputs, slice_walk=rows)
+    walk = dataclasses.replace(walk, slice_walk=rows)
     total = KernelSchedule(dataclasses.replace(call, orderings=("x",)), dtype, index_dtype,
                            (dataclasses.replace(x_out, flush="own", zero_ranges=()),),
                            (), "segments", WARP, "x", (), 0, WARPS_PER_BLOCK, slice_sum=rows)
@@ -1068,8 +1076,10 @@ def _owned_by_grouping(call: Call) -> bool:
     return call.deterministic and call.orderings == ("z",) and len(call.outputs) == 1
 
 
-def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None) -> list[KernelSchedule]:
-    """:func:`plan`'s launches, every run walked whole."""
+def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
+              x_flush: str = "atomic") -> list[KernelSchedule]:
+    """:func:`plan`'s launches, every run walked whole; an INDEXED x̄ that no warp owns flushed by
+    ``x_flush`` ("slice": to each edge's row of a slice, :func:`_sliced`), any other output atomically."""
     itemsize = 8 if dtype == "double" else 4
     shared_tile = TILE_INDEXED if edges is None else shared_tile_for(edges)
     schedules = []
@@ -1091,8 +1101,8 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None) -> li
             elif output.role == segment_role:
                 flush = "own"
             else:
-                flush = "atomic"
-            zero = _zero_ranges(call.problem, output.role, planned) if flush in ("store", "own") else ()
+                flush = x_flush if output.role == "x" else "atomic"
+            zero = _zero_ranges(call.problem, output.role, planned) if flush in ("store", "own", "slice") else ()
             outputs.append(KernelOutput(call_index, output.role, kind, call.problem.operand_dim(output.role),
                                         flush, zero))
         joint = _joint_pass(call, outputs, itemsize)

@@ -95,7 +95,7 @@ def generate(schedule: KernelSchedule) -> str:
     if schedule.chunk_sum:  # each owned output's chunk rows (the chunk walk's)
         params += [f"const T* __restrict__ chunks{k}" for k in range(len(schedule.outputs))]
     if schedule.slice_walk or schedule.slice_sum:  # the slice's first dst-sorted position (one element)
-        params += ["const long long* __restrict__ slice_at"]
+        params += ["const I* __restrict__ slice_at"]
     if schedule.slice_sum:  # the slice walk's rows, and each edge's dst-sorted position
         params += ["const T* __restrict__ slice_rows", "const I* __restrict__ pos_z"]
     # the same buffers as the kept outputs (aliased): what the launch before wrote
@@ -224,7 +224,7 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
 def _emit_slice_bounds(w: Writer) -> None:
     """``slice_begin`` and ``slice_count``: the slice's dst-sorted positions, at most ``slice_size``
     from the one the launch reads from ``slice_at`` (so that a loop over slices runs one program)."""
-    w("const long long slice_begin = slice_at[0];")
+    w("const long long slice_begin = (long long)slice_at[0];")
     w("const long long slice_count = num_edges - slice_begin < slice_size ? num_edges - slice_begin : slice_size;")
 
 

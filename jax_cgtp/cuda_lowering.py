@@ -187,7 +187,7 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.Ke
     x_shape = jax.ShapeDtypeStruct((call.row_count("x"), x_out.dim), dtype)
 
     def one_slice(slice_index, results, first: bool):
-        at = jnp.reshape(jnp.asarray(slice_index, jnp.int64) * size, (1,))
+        at = jnp.reshape(jnp.asarray(slice_index, perm_z.dtype) * size, (1,))  # (below num_edges: an index)
         kernel = dataclasses.replace(walk, slice_first=first)
         grid = kernel.grid(min(size, edges), 0)
         shapes = [jax.ShapeDtypeStruct((min(size, edges), x_out.dim), dtype) if out.flush == "slice" else

@@ -468,8 +468,8 @@ class KernelSchedule:
     # (its outputs: the owned ones, starting as those; its extra arguments: the chunk rows)
     chunk_sum: int = 0
     # a deterministic backward's walk by destination over a slice of at most this many dst-sorted
-    # positions (the first read from the one-element argument ``slice_at``): x̄ of the slice's edge at
-    # position p to row p - slice_begin
+    # positions (the first read from the one-element index argument ``slice_at``): x̄ of the slice's
+    # edge at position p to row p - slice_begin
     slice_walk: int = 0
     # a launch that adds a slice walk's rows to the x̄ rows of their sources (extra arguments: the rows
     # and each edge's dst-sorted position), each source's edges in src-sorted order

@@ -522,35 +522,42 @@ def test_second_derivatives_of_the_convolution_with_long_code_walk_path_groups(d
     assert_close(actual, jax.jit(functools.partial(conv_second_derivatives, reference, 9))(*args), jnp.float64)
 
 
-@pytest.mark.parametrize("family, shared, edges, run_chunk", [(conv_members, False, 300, 128),
-                                                              (conv_members, True, 50, 6),
-                                                              (conv_second_derivatives, False, 50, 6)])
-def test_deterministic_backward_in_slices_walks_by_destination(family, shared, edges, run_chunk, planned_with):
+@pytest.mark.parametrize("family, shared, edges, run_chunk, dtype", [(conv_members, False, 300, 128, jnp.float32),
+                                                                     (conv_members, True, 50, 6, jnp.float64),
+                                                                     (conv_second_derivatives, False, 50, 6, jnp.float64)])
+def test_deterministic_backward_in_slices_walks_by_destination(family, shared, edges, run_chunk, dtype, planned_with):
     """With ``DETERMINISTIC_BACKWARD_SLICE_BYTES``, the deterministic backward walks by destination
     in four slices of dst-sorted positions: x̄ of each edge to the slice's rows, which the next
     launches add to the sources in src-sorted order (runs of more than 32 edges with 300 edges; runs
     longer than ``RUN_CHUNK`` in chunks, whose rows are added in chunk order), slice after slice; ȳ
     and w̄ per edge, a shared weight's gradient in partial rows; edges out of range and nodes
-    without edges included; bitwise the same at a second call. The force loss's second derivatives
-    too (x̄, ȳ and w̄ as sums of terms over both versions of the inputs; two paths without weights)."""
+    without edges included; bitwise the same at a second call. float32 runs with 64-bit types off,
+    as most training does (the slices' start is an index, not a 64-bit scalar). The force loss's
+    second derivatives too (x̄, ȳ and w̄ as sums of terms over both versions of the inputs; two
+    paths without weights)."""
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", unweighted=(1, 6),
                                                   deterministic=True)
-    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=-(-edges // 4) * kernels.irreps_in1.dim * 8, RUN_CHUNK=run_chunk)
-    args = random_graph(jax.random.PRNGKey(58), kernels, 9, edges, jnp.float64, bad_fraction=0.1, shared=shared)
-    runs = jnp.bincount(jnp.where(args[3] >= 0, args[3], 9), length=10)[:9]
-    assert int(runs.max()) > min(run_chunk, 32)
-    members = jax.jit(functools.partial(family, kernels, 9))
-    before = _launches()
-    actual = members(*args)
-    launched = kernel_emulator.launched()[before:]
+    itemsize = jnp.dtype(dtype).itemsize
+    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=-(-edges // 4) * kernels.irreps_in1.dim * itemsize,
+                 RUN_CHUNK=run_chunk)
+    with jax.enable_x64(dtype == jnp.float64):
+        args = random_graph(jax.random.PRNGKey(58), kernels, 9, edges, dtype, bad_fraction=0.1, shared=shared)
+        runs = jnp.bincount(jnp.where(args[3] >= 0, args[3], 9), length=10)[:9]
+        assert int(runs.max()) > min(run_chunk, 32)
+        members = jax.jit(functools.partial(family, kernels, 9))
+        before = _launches()
+        actual = members(*args)
+        launched = kernel_emulator.launched()[before:]
+        again = members(*args)
+    as64 = (a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args)
+    expected = jax.jit(functools.partial(family, reference, 9))(*as64)
     walks = [k for k in launched if k.slice_walk]
     chunked = run_chunk < edges
     assert walks and len([k for k in launched if k.slice_sum]) == len(walks) * (2 if chunked else 1)
     sums_of_chunks = [k for k in launched if k.chunk_sum and k.call.orderings == ("x",)]  # (not a forward's)
     assert len(sums_of_chunks) == (len(walks) if chunked else 0)
     assert len(walks) == 4 * sum(k.slice_first for k in walks)  # each sliced call: 4 slices, the first fresh
-    assert_close(actual, jax.jit(functools.partial(family, reference, 9))(*args), jnp.float64)
-    again = members(*args)
+    assert_close(actual, expected, dtype)
     assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(again)))
 
 

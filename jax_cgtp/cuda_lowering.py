@@ -188,7 +188,7 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.Ke
 
     def one_slice(slice_index, results, first: bool):
         at = jnp.reshape(jnp.asarray(slice_index, perm_z.dtype) * size, (1,))  # (below num_edges: an index)
-        kernel = dataclasses.replace(walk, slice_first=first)
+        kernel = _in_slice(walk, first)
         grid = kernel.grid(min(size, edges), 0)
         shapes = [jax.ShapeDtypeStruct((min(size, edges), x_out.dim), dtype) if out.flush == "slice" else
                   jax.ShapeDtypeStruct(_launch_shape(call, kernel, out, edges, kernel.partial_rows(grid)), dtype)
@@ -205,7 +205,7 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.Ke
             else:
                 results[out.call_output] = value
         x_bar, chunk_rows = results[x_out.call_output], None
-        for adding in (dataclasses.replace(k, slice_first=first) for k in sums):
+        for adding in (_in_slice(k, first) for k in sums):
             grid = adding.grid(edges, call.row_count("x"))
             if adding.chunk_sum:  # the chunk rows, in chunk order, onto x̄
                 (x_bar,) = run_kernel(adding, inputs + index_args + [perm_x, off_x, chunk_rows, x_bar],
@@ -228,6 +228,20 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.Ke
     if num_slices > 1:
         results = jax.lax.fori_loop(1, num_slices, lambda i, r: one_slice(i, r, False), results)
     return results
+
+
+def _in_slice(kernel: schedule.KernelSchedule, first: bool) -> schedule.KernelSchedule:
+    """``kernel`` as the first slice launches it (writing its outputs) or as a later one does
+    (starting from the earlier slices'); a launch outside the slices as it is."""
+    return dataclasses.replace(kernel, slice_first=first) if kernel.slice_walk or kernel.slice_sum else kernel
+
+
+def _with_later_slices(kernels: list[schedule.KernelSchedule], edges: int) -> list[schedule.KernelSchedule]:
+    """``kernels`` (a call's plan for ``edges`` edges), and where the plan runs in more than one
+    slice, the variants of its launches that the later slices run."""
+    if not kernels or not kernels[0].slice_walk or edges <= kernels[0].slice_walk:
+        return kernels
+    return kernels + [_in_slice(k, False) for k in kernels if k.slice_walk or k.slice_sum]
 
 
 def _launch_shape(call: Call, kernel: schedule.KernelSchedule, out, edges: int, partial_rows: int):
@@ -314,7 +328,8 @@ def _calls_in(jaxpr):
 
 
 def planned_kernels(fun, *args) -> list[schedule.KernelSchedule]:
-    """The schedules of the kernels that ``jax.jit(fun)(*args)`` launches, in trace order.
+    """The schedules of the kernels that ``jax.jit(fun)(*args)`` launches, in trace order (a call
+    in slices: its plan, then the later slices' variants).
 
     Tracing alone finds the calls (derivatives included); calls whose results are unused are
     dropped first, as ``jax.jit`` drops them (the forward of a function that returns only
@@ -326,7 +341,7 @@ def planned_kernels(fun, *args) -> list[schedule.KernelSchedule]:
     jaxpr, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
     kernels = []
     for call, dtype, index_ctype, edges in _calls_in(jaxpr):
-        kernels += _plan(call, kernel_dtype(dtype), index_ctype, edges)
+        kernels += _with_later_slices(_plan(call, kernel_dtype(dtype), index_ctype, edges), edges)
     return kernels
 
 

@@ -531,7 +531,8 @@ def test_deterministic_backward_in_slices_walks_by_destination(family, shared, e
     launches add to the sources in src-sorted order (runs of more than 32 edges with 300 edges; runs
     longer than ``RUN_CHUNK`` in chunks, whose rows are added in chunk order), slice after slice; ȳ
     and w̄ per edge, a shared weight's gradient in partial rows; edges out of range and nodes
-    without edges included; bitwise the same at a second call. float32 runs with 64-bit types off,
+    without edges included; bitwise the same at a second call; every launch planned beforehand
+    (:func:`~jax_cgtp.cuda_lowering.planned_kernels`, which precompile compiles). float32 runs with 64-bit types off,
     as most training does (the slices' start is an index, not a 64-bit scalar). The force loss's
     second derivatives too (x̄, ȳ and w̄ as sums of terms over both versions of the inputs; two
     paths without weights)."""
@@ -549,6 +550,8 @@ def test_deterministic_backward_in_slices_walks_by_destination(family, shared, e
         actual = members(*args)
         launched = kernel_emulator.launched()[before:]
         again = members(*args)
+        planned = cuda_lowering.planned_kernels(functools.partial(family, kernels, 9), *args)
+    assert set(launched) <= set(planned)  # what precompile compiles: the later slices' variants too
     as64 = (a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args)
     expected = jax.jit(functools.partial(family, reference, 9))(*as64)
     walks = [k for k in launched if k.slice_walk]

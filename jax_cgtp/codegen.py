@@ -172,7 +172,8 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     what = "the chunk row" if chunk else "an x-node"
     w(f"// warp item: {what} (item / {groups}) and a group of {per_group} blocks of 32 columns (item % {groups})")
     if chunk:
-        w(f"// (the chunk of a run that starts among sorted positions [row * {chunk}, row * {chunk} + {chunk}), if one does)")
+        w(f"// (the chunk of a run that starts among sorted positions [row * {chunk}, row * {chunk} + {chunk}),")
+        w("// if one does)")
         w(f"const long long num_items = (num_edges + {chunk - 1}) / {chunk} * {groups};")
     else:
         w(f"const long long num_items = rows_x * {groups};")
@@ -310,7 +311,8 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         if schedule.fill:
             w(f"// the edges spread evenly over the warps: rounds of one tile per warp, spans of at most {tile} edges")
             w(f"const long long rounds = ({edges} + num_warps * {tile} - 1) / (num_warps * {tile});")
-            w(f"const long long span = rounds > 0 ? ({edges} + num_warps * rounds - 1) / (num_warps * rounds) : {tile};")
+            w(f"const long long span = rounds > 0 ? ({edges} + num_warps * rounds - 1) / (num_warps * rounds) "
+              f": {tile};")
         else:
             w(f"const long long span = {tile};")
         w(f"const long long num_tiles = ({edges} + span - 1) / span;")

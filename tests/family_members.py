@@ -17,6 +17,11 @@ def relative_error(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
 
 
+def in_float64(args):
+    """``args`` with their floating arrays cast to float64 (a reference's inputs), indices as they are."""
+    return [a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args]
+
+
 def assert_close(actual, expected, dtype):
     for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
         assert a.shape == b.shape

@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, grouping_index,
-                            high_l_pair, members, pair, random_graph, second_derivatives, spherical_harmonics_pair,
-                            squared_norm_and_gradients, whole_chunks_pair, wide_block_pair, with_sorted_graph)
+                            high_l_pair, in_float64, members, pair, random_graph, second_derivatives,
+                            spherical_harmonics_pair, squared_norm_and_gradients, whole_chunks_pair, wide_block_pair,
+                            with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -522,9 +523,9 @@ def test_second_derivatives_of_the_convolution_with_long_code_walk_path_groups(d
     assert_close(actual, jax.jit(functools.partial(conv_second_derivatives, reference, 9))(*args), jnp.float64)
 
 
-@pytest.mark.parametrize("family, shared, edges, run_chunk, dtype", [(conv_members, False, 300, 128, jnp.float32),
-                                                                     (conv_members, True, 50, 6, jnp.float64),
-                                                                     (conv_second_derivatives, False, 50, 6, jnp.float64)])
+@pytest.mark.parametrize("family, shared, edges, run_chunk, dtype", [
+    (conv_members, False, 300, 128, jnp.float32), (conv_members, True, 50, 6, jnp.float64),
+    (conv_second_derivatives, False, 50, 6, jnp.float64)])
 def test_deterministic_backward_in_slices_walks_by_destination(family, shared, edges, run_chunk, dtype, planned_with):
     """With ``DETERMINISTIC_BACKWARD_SLICE_BYTES``, the deterministic backward walks by destination
     in four slices of dst-sorted positions: x̄ of each edge to the slice's rows, which the next
@@ -552,8 +553,7 @@ def test_deterministic_backward_in_slices_walks_by_destination(family, shared, e
         again = members(*args)
         planned = cuda_lowering.planned_kernels(functools.partial(family, kernels, 9), *args)
     assert set(launched) <= set(planned)  # what precompile compiles: the later slices' variants too
-    as64 = (a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args)
-    expected = jax.jit(functools.partial(family, reference, 9))(*as64)
+    expected = jax.jit(functools.partial(family, reference, 9))(*in_float64(args))
     walks = [k for k in launched if k.slice_walk]
     chunked = run_chunk < edges
     assert walks and len([k for k in launched if k.slice_sum]) == len(walks) * (2 if chunked else 1)

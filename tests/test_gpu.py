@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, grouping_index,
-                            high_l_pair, long_code_pair, members, pair, random_graph, relative_error,
+                            high_l_pair, in_float64, long_code_pair, members, pair, random_graph, relative_error,
                             second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients, wide_block_pair,
                             with_sorted_graph)
 from random_problems import random_inputs, random_problem
@@ -183,8 +183,7 @@ def test_second_derivatives_of_the_product_match_reference(dtype):
 def _assert_conv_members_match(cuda, reference, num_nodes, args, dtype):
     """Every convolution family member on the kernels against the reference in float64 (the same
     graph, its floating arrays cast), to the tolerance of ``dtype``."""
-    as64 = (a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args)
-    expected = jax.jit(functools.partial(conv_members, reference, num_nodes))(*as64)
+    expected = jax.jit(functools.partial(conv_members, reference, num_nodes))(*in_float64(args))
     assert_close(jax.jit(functools.partial(conv_members, cuda, num_nodes))(*args), expected, dtype)
 
 
@@ -336,8 +335,7 @@ def _assert_conv_second_derivatives_match(dtype, sorted_by_dst, deterministic):
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, unweighted=(1, 6),
                                                deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(49), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
-    expected = jax.jit(functools.partial(conv_second_derivatives, reference, 300))(
-        *(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args))
+    expected = jax.jit(functools.partial(conv_second_derivatives, reference, 300))(*in_float64(args))
     assert_close(jax.jit(functools.partial(conv_second_derivatives, cuda, 300))(*args), expected, dtype)
 
 
@@ -408,8 +406,7 @@ def test_deterministic_backward_in_slices_matches_reference(dtype, shared, plann
         with jax.enable_x64(dtype == jnp.float64):
             args = random_graph(jax.random.PRNGKey(seed), cuda, 300, 5000, dtype, bad_fraction=0.05, shared=shared)
             actual = jax.jit(functools.partial(family, cuda, 300))(*args)
-        as64 = (a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args)
-        assert_close(actual, jax.jit(functools.partial(family, reference, 300))(*as64), dtype)
+        assert_close(actual, jax.jit(functools.partial(family, reference, 300))(*in_float64(args)), dtype)
 
 
 @pytest.mark.parametrize("plan", ["slots", "joint", "lockstep", "stream", "chunks", "shared_chunks", "slices",

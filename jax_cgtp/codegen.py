@@ -118,15 +118,21 @@ def generate(schedule: KernelSchedule) -> str:
     return w.text()
 
 
+def _emit_warp_indices(w: Writer) -> None:
+    """``lane``, ``warp`` (the grid's warp index) and ``num_warps``, for a launch whose warps loop
+    over items grid-stride."""
+    w("const int lane = threadIdx.x & 31;")
+    w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
+    w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
+
+
 def _emit_chunk_sums(w: Writer, schedule: KernelSchedule) -> None:
     """Each node whose run is longer than the chunk: its row plus its chunks' rows, in chunk order
     (chunk k >= 1 of the run starting at ``off[node]`` is row ``(off[node] + k * chunk) / chunk``).
     A warp takes 32 nodes and 32 columns: the lanes find the nodes with long runs, then add each one's
     columns, a lane per column."""
     r, chunk = schedule.segment_role, schedule.chunk_sum
-    w("const int lane = threadIdx.x & 31;")
-    w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
-    w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
+    _emit_warp_indices(w)
     blocks = schedule.chunk_sum_blocks
     w(f"// warp item: 32 {r}-nodes (item / {blocks}) and a block of 32 columns (item % {blocks})")
     w.open(f"for (long long item = warp; item < (rows_{r} + 31) / 32 * {blocks}; item += num_warps)")
@@ -166,9 +172,7 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     groups, per_group = schedule.slice_sum_groups, schedule.slice_sum_group_blocks
     chunk = schedule.chunk_walk
     _emit_slice_bounds(w)
-    w("const int lane = threadIdx.x & 31;")
-    w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
-    w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
+    _emit_warp_indices(w)
     what = "the chunk row" if chunk else "an x-node"
     w(f"// warp item: {what} (item / {groups}) and a group of {per_group} blocks of 32 columns (item % {groups})")
     if chunk:

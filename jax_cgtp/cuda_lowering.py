@@ -145,7 +145,7 @@ def launch(call: Call, *args):
     scalars = np.array([edges] + [call.row_count(r) for r in call.indexed_roles], np.int64)
     kernels = _plan(call, _KERNEL_DTYPES[dtype], index_ctype, edges)
     if kernels and kernels[0].slice_walk:
-        return _launch_slices(call, *kernels, args=args, edges=edges, dtype=dtype)
+        return _launch_slices(call, *kernels, args=args, edges=edges, dtype=dtype, scalars=scalars)
     results = [None] * len(call.outputs)
     chunks = {}  # call output -> a chunk walk's rows
     for kernel in kernels:
@@ -169,20 +169,21 @@ def launch(call: Call, *args):
 
 
 def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.KernelSchedule, args, edges: int,
-                   dtype) -> list:
+                   dtype, scalars: np.ndarray) -> list:
     """Every output of a deterministic backward planned in slices (:func:`schedule._sliced`): per
     slice of ``walk.slice_walk`` dst-sorted positions, the walk by destination (x̄ of each edge to
     the slice's rows, the per-edge outputs to their rows, a shared weight's gradient to partial
     rows) and the ``sums`` of the slice's rows into x̄ (the sum of each run's first chunk, then
     the later chunks' rows and their sum in chunk order, or one sum of whole runs). The first
     slice's launches write their outputs; a ``fori_loop`` runs the others, each starting from the
-    outputs before it, so the program's size does not grow with the edges."""
+    outputs before it, so the program's size does not grow with the edges. ``scalars``: the call's
+    (:func:`launch`'s), to which the launches in slices add the slice size."""
     inputs, indices, orders = call.split(args)
     (perm_z, off_z), (perm_x, off_x) = orders["z"], orders["x"]
     pos_z = jnp.zeros_like(perm_z).at[perm_z].set(jnp.arange(edges, dtype=perm_z.dtype))
     index_args = [indices[r] for r in call.indexed_roles]
     size = walk.slice_walk
-    scalars = np.array([edges] + [call.row_count(r) for r in call.indexed_roles] + [size], np.int64)
+    sliced_scalars = np.append(scalars, size)
     (x_out,) = sums[0].outputs
     x_shape = jax.ShapeDtypeStruct((call.row_count("x"), x_out.dim), dtype)
 
@@ -196,7 +197,7 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.Ke
         into = [results[kernel.outputs[k].call_output] for k in kernel.kept]
         results, rows = list(results), None
         for out, value in zip(kernel.outputs, run_kernel(kernel, inputs + index_args + [perm_z, off_z, at] + into,
-                                                         shapes, grid, scalars)):
+                                                         shapes, grid, sliced_scalars)):
             if out.flush == "slice":
                 rows = value
             elif out.kind == SHARED:
@@ -209,13 +210,13 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.Ke
             grid = adding.grid(edges, call.row_count("x"))
             if adding.chunk_sum:  # the chunk rows, in chunk order, onto x̄
                 (x_bar,) = run_kernel(adding, inputs + index_args + [perm_x, off_x, chunk_rows, x_bar],
-                                      [x_shape], grid, scalars[:-1])
+                                      [x_shape], grid, scalars)
                 continue
             before = [x_bar] if adding.kept else []
             shape = (jax.ShapeDtypeStruct(_launch_shape(call, adding, x_out, edges, 0), dtype)
                      if adding.chunk_walk else x_shape)
             (value,) = run_kernel(adding, inputs + index_args + [perm_x, off_x, at, rows, pos_z] + before,
-                                  [shape], grid, scalars)
+                                  [shape], grid, sliced_scalars)
             if adding.chunk_walk:
                 chunk_rows = value
             else:

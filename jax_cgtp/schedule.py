@@ -172,8 +172,9 @@ RUN_CHUNK = 128
 # the atomic backward does, staging z̄ once per node, in slices of dst-sorted positions whose x̄
 # rows (one per edge) take at most this many bytes (0: walk by source): each edge's x̄ goes to the
 # slice's row for it, and the next launches add those rows to the sources, run by run in
-# src-sorted order (bitwise the same at every call). The rows are a bounded workspace, not an
-# (edges x dim) array. H100, float32, 100k edges, slices of 64k edges against the walk by source
+# src-sorted order (bitwise the same at every call). The rows are a bounded workspace: an
+# (edges x dim of x) array only for a graph below the cap (1.13-1.27x the atomic backward's
+# buffers on the public suite), slices of it above. H100, float32, 100k edges, slices of 64k edges against the walk by source
 # (benchmarks/results/nvidia-h100-80gb-hbm3/det-slices/): conv_bwd 0.52-0.72x, conv_dbwd
 # 0.69-0.88x, conv_train 0.86-0.91x; each slice re-reads the sources' runs, so fewer slices are
 # faster (16k, 32k, 128k rows: 1.10-1.35x, 1.04-1.15x, 0.93-0.96x the time of 64k).

@@ -101,6 +101,8 @@ def generate(schedule: KernelSchedule) -> str:
     # the same buffers as the kept outputs (aliased): what the launch before wrote
     params += [f"const T* walked{k}" for k in schedule.kept]
     params += [f"T* __restrict__ out{k}" for k in range(len(schedule.outputs))]
+    if schedule.writes_positions:
+        params += ["I* __restrict__ pos_z"]
     params += [f"const long long {name}" for name in scalar_names(schedule)]
     bounds = f"{schedule.block}, 1" if schedule.roomy else f"{schedule.block}"  # schedule.ROOMY_WALK_TERMS
     w(f'extern "C" __global__ void __launch_bounds__({bounds}) {KERNEL_NAME}(')
@@ -196,8 +198,9 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     w(f"T sum[{per_group}];")
     w("#pragma unroll")
     w(f"for (int j = 0; j < {per_group}; ++j) sum[j] = T(0);")
-    w("// 32 edges at a time: each lane finds one edge's row of the slice (-1: none), then the warp adds")
-    w("// the rows in order")
+    ahead = schedule.slice_sum_rows_ahead
+    w("// 32 edges at a time: each lane finds one edge's row of the slice (-1: none), then the warp loads")
+    w(f"// {ahead} rows at a time and adds them in order (a missing row adds +0, which leaves the sum as it is)")
     w.open("for (long long first = run_begin; first < run_end; first += 32)")
     w("const int count = (int)(run_end - first < 32 ? run_end - first : 32);")
     w("long long my_row = -1;")
@@ -206,12 +209,20 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     w("const long long p = (long long)pos_z[e] - slice_begin;")
     w("if (p >= 0 && p < slice_count && cgtp_valid(idx_z[e], rows_z)) my_row = p;")
     w.close()
-    w.open("for (int t = 0; t < count; ++t)")
-    w("const long long row = __shfl_sync(CGTP_FULL_MASK, my_row, t);")
-    w("if (row < 0) continue;")
-    w(f"const T* __restrict__ from = slice_rows + row * {out.dim}LL + q0;")
+    w.open(f"for (int t = 0; t < count; t += {ahead})")
+    w(f"T v[{ahead}][{per_group}];")
     w("#pragma unroll")
-    w(f"for (int j = 0; j < {per_group}; ++j) if (j * 32 + q0 < {out.dim}) sum[j] += from[j * 32];")
+    w.open(f"for (int a = 0; a < {ahead}; ++a)")
+    w("const long long row = __shfl_sync(CGTP_FULL_MASK, my_row, (t + a) & 31);")
+    w(f"const T* __restrict__ from = slice_rows + (row < 0 ? 0 : row) * {out.dim}LL + q0;")
+    w("#pragma unroll")
+    w(f"for (int j = 0; j < {per_group}; ++j) v[a][j] = t + a < count && row >= 0 && j * 32 + q0 < {out.dim} "
+      "? from[j * 32] : T(0);")
+    w.close()
+    w("#pragma unroll")
+    w(f"for (int a = 0; a < {ahead}; ++a)")
+    w("#pragma unroll")
+    w(f"for (int j = 0; j < {per_group}; ++j) sum[j] += v[a][j];")
     w.close()
     w.close()
     w("#pragma unroll")
@@ -250,6 +261,9 @@ def _emit_prologue(w: Writer, schedule: KernelSchedule) -> None:
         w(f"in{a} = cgtp_evict_first(in{a});  // {schedule.call.roles[a]} rows, read once")
     w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
     w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
+    if schedule.writes_positions:
+        w("// each edge's dst-sorted position, which the sums by source of every slice read")
+        w("for (long long p = warp * 32 + lane; p < num_edges; p += num_warps * 32) pos_z[perm_z[p]] = (I)p;")
 
 
 def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:

@@ -175,29 +175,33 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.Ke
     the slice's rows, the per-edge outputs to their rows, a shared weight's gradient to partial
     rows) and the ``sums`` of the slice's rows into x̄ (the sum of each run's first chunk, then
     the later chunks' rows and their sum in chunk order, or one sum of whole runs). The first
-    slice's launches write their outputs; a ``fori_loop`` runs the others, each starting from the
-    outputs before it, so the program's size does not grow with the edges. ``scalars``: the call's
+    slice's launches write their outputs, and its walk each edge's dst-sorted position, which every
+    sum reads; a ``fori_loop`` runs the others, each starting from the outputs before it, so the
+    program's size does not grow with the edges. ``scalars``: the call's
     (:func:`launch`'s), to which the launches in slices add the slice size."""
     inputs, indices, orders = call.split(args)
     (perm_z, off_z), (perm_x, off_x) = orders["z"], orders["x"]
-    pos_z = jnp.zeros_like(perm_z).at[perm_z].set(jnp.arange(edges, dtype=perm_z.dtype))
     index_args = [indices[r] for r in call.indexed_roles]
     size = walk.slice_walk
     sliced_scalars = np.append(scalars, size)
     (x_out,) = sums[0].outputs
     x_shape = jax.ShapeDtypeStruct((call.row_count("x"), x_out.dim), dtype)
 
-    def one_slice(slice_index, results, first: bool):
+    def one_slice(slice_index, carried, first: bool):
+        results, pos_z = carried
         at = jnp.reshape(jnp.asarray(slice_index, perm_z.dtype) * size, (1,))  # (below num_edges: an index)
         kernel = _in_slice(walk, first)
         grid = kernel.grid(min(size, edges), 0)
         shapes = [jax.ShapeDtypeStruct((min(size, edges), x_out.dim), dtype) if out.flush == "slice" else
                   jax.ShapeDtypeStruct(_launch_shape(call, kernel, out, edges, kernel.partial_rows(grid)), dtype)
                   for out in kernel.outputs]
+        shapes += [jax.ShapeDtypeStruct(perm_z.shape, perm_z.dtype)] if kernel.writes_positions else []
         into = [results[kernel.outputs[k].call_output] for k in kernel.kept]
         results, rows = list(results), None
-        for out, value in zip(kernel.outputs, run_kernel(kernel, inputs + index_args + [perm_z, off_z, at] + into,
-                                                         shapes, grid, sliced_scalars)):
+        values = run_kernel(kernel, inputs + index_args + [perm_z, off_z, at] + into, shapes, grid, sliced_scalars)
+        if kernel.writes_positions:
+            *values, pos_z = values
+        for out, value in zip(kernel.outputs, values):
             if out.flush == "slice":
                 rows = value
             elif out.kind == SHARED:
@@ -222,13 +226,13 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.Ke
             else:
                 x_bar = value
         results[x_out.call_output] = x_bar
-        return results
+        return results, pos_z
 
-    results = one_slice(0, [None] * len(call.outputs), True)
+    carried = one_slice(0, ([None] * len(call.outputs), None), True)
     num_slices = -(-edges // size)
     if num_slices > 1:
-        results = jax.lax.fori_loop(1, num_slices, lambda i, r: one_slice(i, r, False), results)
-    return results
+        carried = jax.lax.fori_loop(1, num_slices, lambda i, c: one_slice(i, c, False), carried)
+    return carried[0]
 
 
 def _in_slice(kernel: schedule.KernelSchedule, first: bool) -> schedule.KernelSchedule:

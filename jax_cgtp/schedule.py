@@ -182,6 +182,9 @@ DETERMINISTIC_BACKWARD_SLICE_BYTES = 512 << 20
 # A slice sum's warp adds the columns of at most this many 32-column blocks of each row: one warp
 # finds a run's edges for all of them, and a row's loads are in flight at once.
 SLICE_SUM_GROUP_BLOCKS = 12
+# A slice sum's warp loads the group's columns of this many rows before it adds them, in order:
+# more loads in flight per warp (the rows are read once, from DRAM).
+SLICE_SUM_ROWS_AHEAD = 2
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in
 # the SM's instruction cache, each warp then fetches its own instructions: l5-c32's forward and
@@ -475,7 +478,8 @@ class KernelSchedule:
     # a launch that adds a slice walk's rows to the x̄ rows of their sources (extra arguments: the rows
     # and each edge's dst-sorted position), each source's edges in src-sorted order
     slice_sum: int = 0
-    # the first slice's launches write their outputs; the later ones start from the earlier's
+    # the first slice's launches write their outputs; the later ones start from the earlier's. The
+    # first slice's walk also writes each edge's dst-sorted position (:attr:`writes_positions`)
     slice_first: bool = True
 
     @property
@@ -514,6 +518,12 @@ class KernelSchedule:
             return tuple(k for k, out in enumerate(self.outputs) if out.flush == "store")
         return ()
 
+    @property
+    def writes_positions(self) -> bool:
+        """Whether the launch also writes ``pos_z``, each edge's dst-sorted position (an index array
+        after its outputs), which every slice's sums by source read: the first slice's walk."""
+        return bool(self.slice_walk) and self.slice_first
+
     def writes_chunk_rows(self, out: KernelOutput) -> bool:
         """Whether ``out`` goes to rows of its own, one per chunk (:func:`chunk_rows`): a chunk
         walk's owned output, which the chunk sum then adds to its nodes' rows."""
@@ -528,6 +538,11 @@ class KernelSchedule:
     def slice_sum_group_blocks(self) -> int:
         """The 32-column blocks of each of a slice sum's groups (the last may have fewer columns)."""
         return -(-self.outputs[0].dim // (WARP * self.slice_sum_groups))
+
+    @property
+    def slice_sum_rows_ahead(self) -> int:
+        """The rows whose columns a slice sum's warp loads before adding them (SLICE_SUM_ROWS_AHEAD)."""
+        return max(1, SLICE_SUM_ROWS_AHEAD)
 
     @property
     def chunk_sum_blocks(self) -> int:

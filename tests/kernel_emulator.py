@@ -131,14 +131,14 @@ def launch(source: str, pointers: list[int], scalars: np.ndarray, grid: int, blo
 def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
     """:func:`jax_cgtp.cuda_lowering.run_kernel`, on the host."""
     source = codegen.generate(kernel)
-    zero = [out.zeroed for out in kernel.outputs]
+    zero = [out.zeroed for out in kernel.outputs] + [False] * (len(shapes) - len(kernel.outputs))
     kept = kernel.kept  # outputs that start as the last arguments, in order
     if kernel.fill:
         grid = min(grid, RESIDENT_BLOCKS)
 
     def host(*arrays):
         inputs = [np.ascontiguousarray(a) for a in arrays]
-        outputs = [np.zeros(s.shape, s.dtype) if z else np.full(s.shape, np.nan, s.dtype) for s, z in zip(shapes, zero)]
+        outputs = [np.zeros(s.shape, s.dtype) if z else _poisoned(s) for s, z in zip(shapes, zero)]
         for j, k in enumerate(kept):
             outputs[k] = np.array(inputs[len(inputs) - len(kept) + j])
         with _one_launch:
@@ -149,6 +149,11 @@ def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
     return jax.pure_callback(host, shapes, *args)
 
 
+def _poisoned(shape):
+    """An output a kernel overwrites, as the GPU's poisoned outputs start: all bits set (NaN, or -1)."""
+    return np.full(shape.shape, np.nan if np.issubdtype(shape.dtype, np.floating) else -1, shape.dtype)
+
+
 def run_grouping_kernel(name: str, args, shapes, *, grid: int, edges: int, rows: int, zero_outputs=()):
     """:func:`jax_cgtp.grouping.run_kernel`, on the host; outputs not zeroed start as -1."""
     source = grouping.kernel_source(cuda_lowering.common_index_dtype([args[0]])[1])
@@ -156,7 +161,7 @@ def run_grouping_kernel(name: str, args, shapes, *, grid: int, edges: int, rows:
 
     def host(*arrays):
         inputs = [np.ascontiguousarray(a) for a in arrays]
-        outputs = [np.zeros(s.shape, s.dtype) if z else np.full(s.shape, -1, s.dtype) for s, z in zip(shapes, zero)]
+        outputs = [np.zeros(s.shape, s.dtype) if z else _poisoned(s) for s, z in zip(shapes, zero)]
         with _one_launch:
             if name in (grouping.COUNT_KERNEL, grouping.RANK_KERNEL):
                 _groupings.append((name, edges))

@@ -182,9 +182,12 @@ DETERMINISTIC_BACKWARD_SLICE_BYTES = 512 << 20
 # A slice sum's warp adds the columns of at most this many 32-column blocks of each row: one warp
 # finds a run's edges for all of them, and a row's loads are in flight at once.
 SLICE_SUM_GROUP_BLOCKS = 12
-# A slice sum's warp loads the group's columns of this many rows before it adds them, in order:
-# more loads in flight per warp (the rows are read once, from DRAM).
-SLICE_SUM_ROWS_AHEAD = 2
+# A slice sum's warp loads the group's columns of as many rows as keep at most this many values in
+# flight per lane, then adds them in order (the rows are read once, from DRAM). H100, conv_bwd,
+# same process, against one row at a time: 2 rows 0.975-0.981x in float64 (nequip-l2-c32,
+# mace-medium, nequip-lips), 0.99-1.005x in float32 (nequip-lips, mace-large); 4 rows 0.959-0.976x
+# in float64 but 1.029x on mace-large float32 (12 blocks per group: 48 values in flight).
+SLICE_SUM_LOADS_IN_FLIGHT = 32
 # A deterministic walk over sorted runs gives each warp one node's run, and the runs differ in
 # length, so free-running warps drift apart in the kernel's code. Where the code does not fit in
 # the SM's instruction cache, each warp then fetches its own instructions: l5-c32's forward and
@@ -541,8 +544,8 @@ class KernelSchedule:
 
     @property
     def slice_sum_rows_ahead(self) -> int:
-        """The rows whose columns a slice sum's warp loads before adding them (SLICE_SUM_ROWS_AHEAD)."""
-        return max(1, SLICE_SUM_ROWS_AHEAD)
+        """The rows whose columns a slice sum's warp loads before adding them (SLICE_SUM_LOADS_IN_FLIGHT)."""
+        return max(1, SLICE_SUM_LOADS_IN_FLIGHT // self.slice_sum_group_blocks)
 
     @property
     def chunk_sum_blocks(self) -> int:

@@ -28,6 +28,8 @@ _HEADER = "cgtp_device.cuh"
 _BUFFERS = {"ahead": "ring of look-ahead slots (x rows, weights)", "ring": "ring of weight items",
             "row": "output row summed over paths", "t": "t[u, k] of one item"}
 KERNEL_NAME = "cgtp_kernel"
+# The slice walk's stores of x̄ rows marked evict-first in L2 (:func:`_emit_prologue`).
+SLICE_ROWS_EVICT_FIRST = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,6 +105,8 @@ def generate(schedule: KernelSchedule) -> str:
     params += [f"T* __restrict__ out{k}" for k in range(len(schedule.outputs))]
     if schedule.writes_positions:
         params += ["I* __restrict__ pos_z"]
+    if schedule.writes_slice_chunk_rows:
+        params += ["T* __restrict__ chunk_rows"]
     params += [f"const long long {name}" for name in scalar_names(schedule)]
     bounds = f"{schedule.block}, 1" if schedule.roomy else f"{schedule.block}"  # schedule.ROOMY_WALK_TERMS
     w(f'extern "C" __global__ void __launch_bounds__({bounds}) {KERNEL_NAME}(')
@@ -166,35 +170,45 @@ def _emit_chunk_sums(w: Writer, schedule: KernelSchedule) -> None:
 def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     """Each source node's x̄ row: the rows of its edges in the slice of dst-sorted positions (an
     edge whose destination is out of range has none), added in src-sorted order to what the earlier
-    slices wrote; with ``run_cap``, its run's first ``run_cap`` edges alone. With ``chunk_walk``,
-    each later chunk of a run to a chunk row of its own instead (:func:`jax_cgtp.schedule._chunked`).
-    A warp takes a node (or chunk) and a group of 32-column blocks, a lane per column of each block:
-    it finds the run's edges once per group and loads a row's columns of the group at once."""
+    slices wrote; with ``run_cap``, its run's first ``run_cap`` edges alone, and with ``chunk_walk``,
+    each later chunk of a run to a chunk row of its own (``chunk_rows``, which the next launch adds
+    in chunk order, :func:`jax_cgtp.schedule._sliced`). A warp takes a node (or chunk) and a group
+    of 32-column blocks, a lane per column of each block: it finds the run's edges once per group
+    and loads a row's columns of the group at once."""
     (out,) = schedule.outputs
     groups, per_group = schedule.slice_sum_groups, schedule.slice_sum_group_blocks
     chunk = schedule.chunk_walk
     _emit_slice_bounds(w)
     _emit_warp_indices(w)
-    what = "the chunk row" if chunk else "an x-node"
-    w(f"// warp item: {what} (item / {groups}) and a group of {per_group} blocks of 32 columns (item % {groups})")
+    w(f"// warp item: an x-node (item / {groups}) and a group of {per_group} blocks of 32 columns (item % {groups})")
+    w(f"const long long node_items = rows_x * {groups};")
     if chunk:
-        w(f"// (the chunk of a run that starts among sorted positions [row * {chunk}, row * {chunk} + {chunk}),")
-        w("// if one does)")
-        w(f"const long long num_items = (num_edges + {chunk - 1}) / {chunk} * {groups};")
+        w(f"// then the chunk rows: the chunk of a run that starts among sorted positions [row * {chunk},")
+        w(f"// row * {chunk} + {chunk}), if one does")
+        w(f"const long long num_items = node_items + (num_edges + {chunk - 1}) / {chunk} * {groups};")
     else:
-        w(f"const long long num_items = rows_x * {groups};")
+        w("const long long num_items = node_items;")
     w.open("for (long long item = warp; item < num_items; item += num_warps)")
-    w(f"const long long node = item / {groups};")
-    w(f"const int q0 = (int)(item % {groups}) * {per_group * WARP} + lane;  // column j * 32 + q0 of each row")
     if chunk:
-        w("long long seg, run_begin, run_end;")
-        w(f"if (!cgtp_chunk(off_x, rows_x, node, {chunk}, lane, seg, run_begin, run_end)) continue;")
+        w("const bool in_chunk = item >= node_items;  // (the same on every lane)")
+        w(f"const long long node = (in_chunk ? item - node_items : item) / {groups};  // or the chunk row")
     else:
-        w("const long long run_begin = (long long)off_x[node];")
-        cap = schedule.run_cap
-        w("const long long run_end = " + (f"(long long)off_x[node + 1] - run_begin > {cap} ? run_begin + {cap} : "
-                                           "(long long)off_x[node + 1];  // the next launches add the rest"
-                                           if cap else "(long long)off_x[node + 1];"))
+        w(f"const long long node = item / {groups};")
+    w(f"const int q0 = (int)(item % {groups}) * {per_group * WARP} + lane;  // column j * 32 + q0 of each row")
+    w("long long run_begin, run_end;")
+    if chunk:
+        w.open("if (in_chunk)")
+        w("long long seg;")
+        w(f"if (!cgtp_chunk(off_x, rows_x, node, {chunk}, lane, seg, run_begin, run_end)) continue;")
+        w.close()
+        w.open("else")
+    w("run_begin = (long long)off_x[node];")
+    cap = schedule.run_cap
+    w("run_end = " + (f"(long long)off_x[node + 1] - run_begin > {cap} ? run_begin + {cap} : "
+                      "(long long)off_x[node + 1];  // the later chunks add the rest" if cap else
+                      "(long long)off_x[node + 1];"))
+    if chunk:
+        w.close()
     w(f"T sum[{per_group}];")
     w("#pragma unroll")
     w(f"for (int j = 0; j < {per_group}; ++j) sum[j] = T(0);")
@@ -225,14 +239,16 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     w(f"for (int j = 0; j < {per_group}; ++j) sum[j] += v[a][j];")
     w.close()
     w.close()
+    kept = f"walked0[node * {out.dim}LL + q] + " if schedule.kept else ""
     w("#pragma unroll")
     w.open(f"for (int j = 0; j < {per_group}; ++j)")
     w(f"const int q = j * 32 + q0;")
+    w(f"if (q >= {out.dim}) continue;")
     if chunk:
-        w(f"if (q < {out.dim}) out0[node * {out.dim}LL + q] = sum[j];  // the chunk row")
+        w(f"if (in_chunk) chunk_rows[node * {out.dim}LL + q] = sum[j];")
+        w(f"else out0[node * {out.dim}LL + q] = {kept}sum[j];")
     else:
-        kept = f"walked0[node * {out.dim}LL + q] + " if schedule.kept else ""
-        w(f"if (q < {out.dim}) out0[node * {out.dim}LL + q] = {kept}sum[j];")
+        w(f"out0[node * {out.dim}LL + q] = {kept}sum[j];")
     w.close()
     w.close()
 
@@ -259,6 +275,10 @@ def _emit_prologue(w: Writer, schedule: KernelSchedule) -> None:
         w(f"T* const ysum = warp_smem + {offset};  // the tile's ȳ rows, summed over chunks")
     for a in _streamed_inputs(schedule):
         w(f"in{a} = cgtp_evict_first(in{a});  // {schedule.call.roles[a]} rows, read once")
+    if SLICE_ROWS_EVICT_FIRST:
+        for k, out in enumerate(schedule.outputs):
+            if out.flush == "slice":
+                w(f"out{k} = cgtp_evict_first(out{k});  // the slice's x̄ rows, which the sums read")
     w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
     w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
     if schedule.writes_positions:

@@ -217,14 +217,12 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.Ke
                                       [x_shape], grid, scalars)
                 continue
             before = [x_bar] if adding.kept else []
-            shape = (jax.ShapeDtypeStruct(_launch_shape(call, adding, x_out, edges, 0), dtype)
-                     if adding.chunk_walk else x_shape)
-            (value,) = run_kernel(adding, inputs + index_args + [perm_x, off_x, at, rows, pos_z] + before,
-                                  [shape], grid, sliced_scalars)
-            if adding.chunk_walk:
-                chunk_rows = value
-            else:
-                x_bar = value
+            shapes = [x_shape]
+            if adding.writes_slice_chunk_rows:  # (the later chunks of each run)
+                shapes.append(jax.ShapeDtypeStruct((schedule.chunk_rows(edges, adding.chunk_walk), x_out.dim), dtype))
+            x_bar, *chunks = run_kernel(adding, inputs + index_args + [perm_x, off_x, at, rows, pos_z] + before,
+                                        shapes, grid, sliced_scalars)
+            chunk_rows = chunks[0] if chunks else None
         results[x_out.call_output] = x_bar
         return results, pos_z
 

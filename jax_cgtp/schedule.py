@@ -479,7 +479,9 @@ class KernelSchedule:
     # edge at position p to row p - slice_begin
     slice_walk: int = 0
     # a launch that adds a slice walk's rows to the x̄ rows of their sources (extra arguments: the rows
-    # and each edge's dst-sorted position), each source's edges in src-sorted order
+    # and each edge's dst-sorted position), each source's edges in src-sorted order; with ``run_cap``
+    # and ``chunk_walk``, each run's first chunk, and the later chunks to chunk rows of their own (an
+    # output after x̄, :attr:`writes_slice_chunk_rows`)
     slice_sum: int = 0
     # the first slice's launches write their outputs; the later ones start from the earlier's. The
     # first slice's walk also writes each edge's dst-sorted position (:attr:`writes_positions`)
@@ -513,9 +515,11 @@ class KernelSchedule:
     @property
     def kept(self) -> tuple[int, ...]:
         """The outputs that start as an earlier launch's (aliased to arguments after the inputs)."""
+        if self.slice_sum:
+            return () if self.slice_first else (0,)
         if self.chunk_walk:  # per-edge outputs; owned ones go to chunk rows, SHARED ones to partial rows
             return tuple(k for k, out in enumerate(self.outputs) if out.flush == "store")
-        if self.beyond_cap or self.chunk_sum or (self.slice_sum and not self.slice_first):
+        if self.beyond_cap or self.chunk_sum:
             return tuple(range(len(self.outputs)))
         if self.slice_walk and not self.slice_first:
             return tuple(k for k, out in enumerate(self.outputs) if out.flush == "store")
@@ -527,10 +531,16 @@ class KernelSchedule:
         after its outputs), which every slice's sums by source read: the first slice's walk."""
         return bool(self.slice_walk) and self.slice_first
 
+    @property
+    def writes_slice_chunk_rows(self) -> bool:
+        """Whether the launch also writes chunk rows of x̄ (:func:`chunk_rows`, after its outputs),
+        which the chunk sum then adds to their nodes' rows: a slice sum of runs in chunks."""
+        return bool(self.slice_sum) and bool(self.chunk_walk)
+
     def writes_chunk_rows(self, out: KernelOutput) -> bool:
         """Whether ``out`` goes to rows of its own, one per chunk (:func:`chunk_rows`): a chunk
         walk's owned output, which the chunk sum then adds to its nodes' rows."""
-        return bool(self.chunk_walk) and out.flush == "own"
+        return bool(self.chunk_walk) and not self.slice_sum and out.flush == "own"
 
     @property
     def slice_sum_groups(self) -> int:
@@ -553,8 +563,8 @@ class KernelSchedule:
         return sum(-(-out.dim // WARP) for out in self.outputs)
 
     def tiles(self, num_edges: int, num_segments: int) -> int:
-        if self.slice_sum:  # a warp per (source node, or chunk row of a chunk walk) and group of columns
-            items = chunk_rows(num_edges, self.chunk_walk) if self.chunk_walk else num_segments
+        if self.slice_sum:  # a warp per (source node, and chunk row of runs in chunks) and group of columns
+            items = num_segments + (chunk_rows(num_edges, self.chunk_walk) if self.chunk_walk else 0)
             return items * self.slice_sum_groups
         if self.chunk_sum:
             return -(-num_segments // WARP) * self.chunk_sum_blocks
@@ -1039,8 +1049,10 @@ def _sliced(call: Call, dtype: str, index_dtype: str, edges: int | None) -> list
     positions (DETERMINISTIC_BACKWARD_SLICE_BYTES of x̄ rows): per slice, the atomic call's joint
     walk by destination (its call carries ``dst``'s ordering alone), x̄ of each edge to the slice's
     row for it, then a sum by source (a call carrying ``src``'s ordering) that adds the rows to the
-    sources' x̄ rows, in chunks of RUN_CHUNK edges of each run (:func:`_chunked`) where ``edges`` is
-    more than RUN_CHUNK; [] when the setting is off or the call is not such a backward."""
+    sources' x̄ rows, in chunks of RUN_CHUNK edges of each run where ``edges`` is more than
+    RUN_CHUNK (the sum's warps take each run's first chunk and each later chunk, whose rows a
+    chunk sum adds in chunk order, as :func:`_chunked`'s); [] when the setting is off or the call
+    is not such a backward."""
     roles = [o.role for o in call.outputs]
     if (DETERMINISTIC_BACKWARD_SLICE_BYTES <= 0 or not call.deterministic or "z" in roles or "x" not in roles
             or call.kind("x") != INDEXED or call.kind("z") != INDEXED):
@@ -1057,9 +1069,8 @@ def _sliced(call: Call, dtype: str, index_dtype: str, edges: int | None) -> list
                            (), "segments", WARP, "x", (), 0, WARPS_PER_BLOCK, slice_sum=rows)
     if RUN_CHUNK <= 0 or edges is None or edges <= RUN_CHUNK:  # (no run is longer than edges)
         return [walk, total]
-    capped, chunks, chunk_total = _chunked(total, RUN_CHUNK)
-    return [walk, capped, dataclasses.replace(chunks, warps_per_block=WARPS_PER_BLOCK),
-            dataclasses.replace(chunk_total, slice_sum=0)]
+    capped, _, chunk_total = _chunked(total, RUN_CHUNK)
+    return [walk, dataclasses.replace(capped, chunk_walk=RUN_CHUNK), dataclasses.replace(chunk_total, slice_sum=0)]
 
 
 def chunk_rows(edges: int, chunk: int) -> int:

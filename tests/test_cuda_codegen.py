@@ -1,5 +1,6 @@
 """CUDA backend without a GPU: schedules, generated source, NVRTC compilation and the lowering."""
 
+import dataclasses
 import os
 import re
 
@@ -374,15 +375,18 @@ def test_deterministic_backward_in_slices_walks_by_destination_without_atomics(p
     assert walk.slice_walk == total.slice_sum == 4096 and walk.call.walk == "z" and total.call.sorted_roles == ("x",)
     assert [o.flush for o in walk.outputs] == ["slice", "store", "store"] and walk.joint.by_destination
     assert [(o.role, o.flush) for o in total.outputs] == [("x", "own")] and total.segment_role == "x"
-    walk, capped, chunks, chunk_total = schedule.plan(call, "double", "int", 1000)
-    assert walk.slice_walk == capped.slice_sum == chunks.slice_sum == 2048 and not chunk_total.slice_sum
-    assert (capped.run_cap, chunks.chunk_walk, chunk_total.chunk_sum) == (schedule.RUN_CHUNK,) * 3
-    assert capped.kept == () and chunks.kept == () and chunk_total.kept == (0,)
-    kernels = (walk, total, capped, chunks, chunk_total)
+    walk, chunked, chunk_total = schedule.plan(call, "double", "int", 1000)
+    assert walk.slice_walk == chunked.slice_sum == 2048 and not chunk_total.slice_sum
+    assert (chunked.run_cap, chunked.chunk_walk, chunk_total.chunk_sum) == (schedule.RUN_CHUNK,) * 3
+    assert chunked.writes_slice_chunk_rows and not total.writes_slice_chunk_rows
+    assert walk.writes_positions and not dataclasses.replace(walk, slice_first=False).writes_positions
+    assert chunked.kept == () and dataclasses.replace(chunked, slice_first=False).kept == (0,)
+    assert chunk_total.kept == (0,)
+    kernels = (walk, total, chunked, chunk_total)
     assert not any(o.zeroed for k in kernels for o in k.outputs)
     for kernel in kernels:
         assert "atomic" not in codegen.generate(kernel).split("cgtp_kernel(")[1]
-    assert all("slice_at[0]" in codegen.generate(k) for k in (walk, total, capped, chunks))
+    assert all("slice_at[0]" in codegen.generate(k) for k in (walk, total, chunked))
     atomic = schedule.plan(backward_call(mace_problem(), kinds, rows), "float", "int", 100)
     forward = schedule.plan(forward_call(mace_problem(), kinds, rows, deterministic=True), "float", "int", 100)
     y_alone = Call(mace_problem(), kinds, rows, ("x", "y", "w", "z"), (Output("y", (Term((0, 2, 3)),)),), True)
@@ -593,13 +597,15 @@ def test_nvrtc_compiles_every_member_of_random_problems(lower_for_sm90, dtype):
 def test_nvrtc_compiles_convolution_kernels(lower_for_sm90, deterministic, planned_with):
     """Every launch of the gradients of both modes, and of joint passes with shared weights, on 300
     edges over 5 nodes: runs of 60 edges, so that each deterministic walk is three launches, its
-    runs' first chunk, the later chunks and their sums (``schedule.RUN_CHUNK`` = 50 here)."""
+    runs' first chunk, the later chunks and their sums (``schedule.RUN_CHUNK`` = 50 here), and the
+    backward's sum by source two, the first and the later chunks in one launch, then their sums."""
     convs = []
     for mode in ("uvu", "uvw"):
         irreps_in1, irreps_in2, irreps_out, instructions, normalization = random_problem(40, mode=mode, lmax=2)
         convs.append((jax_cgtp.TensorProductConv(irreps_in1, irreps_in2, irreps_out, instructions, **normalization,
                                                  deterministic=deterministic), False))
     convs.append((spherical_harmonics_pair(jax_cgtp.TensorProductConv, "auto", deterministic=deterministic)[0], True))
+    seen = set()  # a deterministic walk's first launch
     for conv, shared in convs:
         x = jnp.ones((5, conv.irreps_in1.dim))
         y = jnp.ones((300, conv.irreps_in2.dim))
@@ -614,10 +620,15 @@ def test_nvrtc_compiles_convolution_kernels(lower_for_sm90, deterministic, plann
         walks = [k for k in cuda_lowering.planned_kernels(grads, x, y, w) if k.tiling == "segments"]
         parts = [(k.run_cap, k.chunk_walk, k.chunk_sum) for k in walks]
         if deterministic:  # (the atomic gradients walk tiles)
-            assert len(walks) >= 3 and parts == [(50, 0, 0), (0, 50, 0), (0, 0, 50)] * (len(walks) // 3)
+            launches = {(50, 0, 0): [(50, 0, 0), (0, 50, 0), (0, 0, 50)], (50, 50, 0): [(50, 50, 0), (0, 0, 50)]}
+            while parts:
+                seen.add(parts[0])
+                assert parts[:len(launches[parts[0]])] == launches[parts[0]]
+                parts = parts[len(launches[parts[0]]):]
         if shared:
             assert any(k.joint is not None and k.has_partials for k in cuda_lowering.planned_kernels(grads, x, y, w))
         assert cuda_lowering.precompile(grads, x, y, w) >= 2
+    assert seen == ({(50, 0, 0), (50, 50, 0)} if deterministic else set())
 
 
 @needs_nvrtc

@@ -556,7 +556,8 @@ def test_deterministic_backward_in_slices_walks_by_destination(family, shared, e
     expected = jax.jit(functools.partial(family, reference, 9))(*in_float64(args))
     walks = [k for k in launched if k.slice_walk]
     chunked = run_chunk < edges
-    assert walks and len([k for k in launched if k.slice_sum]) == len(walks) * (2 if chunked else 1)
+    assert walks and len([k for k in launched if k.slice_sum]) == len(walks)
+    assert all(k.writes_slice_chunk_rows == chunked for k in launched if k.slice_sum)
     sums_of_chunks = [k for k in launched if k.chunk_sum and k.call.orderings == ("x",)]  # (not a forward's)
     assert len(sums_of_chunks) == (len(walks) if chunked else 0)
     assert len(walks) == 4 * sum(k.slice_first for k in walks)  # each sliced call: 4 slices, the first fresh

@@ -19,17 +19,6 @@ __device__ __forceinline__ const T* cgtp_evict_first(const T* p) {
 #endif
 }
 
-// `p`, its stores marked evict-first in L2 (rows written once, read by a later launch).
-__device__ __forceinline__ T* cgtp_evict_first(T* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  unsigned long long policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return static_cast<T*>(__nv_associate_access_property(p, policy));
-#else
-  return p;
-#endif
-}
-
 // Where element `q` of contiguous rows of `S` elements lies in shared-memory rows of `SP` elements
 // (SP odd, so that lane-strided reads hit distinct banks).
 template <int S, int SP>

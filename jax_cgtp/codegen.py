@@ -28,8 +28,6 @@ _HEADER = "cgtp_device.cuh"
 _BUFFERS = {"ahead": "ring of look-ahead slots (x rows, weights)", "ring": "ring of weight items",
             "row": "output row summed over paths", "t": "t[u, k] of one item"}
 KERNEL_NAME = "cgtp_kernel"
-# The slice walk's stores of x̄ rows marked evict-first in L2 (:func:`_emit_prologue`).
-SLICE_ROWS_EVICT_FIRST = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,7 +58,8 @@ def _streamed_inputs(schedule: KernelSchedule) -> tuple[int, ...]:
     loads became opaque to the compiler: nequip-revmd17-benzene's float64 forward went from 168 to
     194 registers and took 1.37x its time; through a pointer with an access property they stay
     ordinary loads. The same marks in the backward walks (and on their ȳ and w̄ stores) changed
-    their times by -2% to +2%.
+    their times by -2% to +2%, and on the deterministic backward's stores of x̄ rows to its slice
+    (mace-medium and nequip-lips, float64) -0.4% to +0.3%.
     """
     joint = schedule.joint
     if joint is None or not joint.by_destination or dict(joint.outputs).keys() != {"z"}:
@@ -275,10 +274,6 @@ def _emit_prologue(w: Writer, schedule: KernelSchedule) -> None:
         w(f"T* const ysum = warp_smem + {offset};  // the tile's ȳ rows, summed over chunks")
     for a in _streamed_inputs(schedule):
         w(f"in{a} = cgtp_evict_first(in{a});  // {schedule.call.roles[a]} rows, read once")
-    if SLICE_ROWS_EVICT_FIRST:
-        for k, out in enumerate(schedule.outputs):
-            if out.flush == "slice":
-                w(f"out{k} = cgtp_evict_first(out{k});  // the slice's x̄ rows, which the sums read")
     w("const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;")
     w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
     if schedule.writes_positions:

@@ -177,7 +177,11 @@ RUN_CHUNK = 128
 # buffers on the public suite), slices of it above. H100, float32, 100k edges, slices of 64k edges against the walk by source
 # (benchmarks/results/nvidia-h100-80gb-hbm3/det-slices/): conv_bwd 0.52-0.72x, conv_dbwd
 # 0.69-0.88x, conv_train 0.86-0.91x; each slice re-reads the sources' runs, so fewer slices are
-# faster (16k, 32k, 128k rows: 1.10-1.35x, 1.04-1.15x, 0.93-0.96x the time of 64k).
+# faster (16k, 32k, 128k rows: 1.10-1.35x, 1.04-1.15x, 0.93-0.96x the time of 64k). The first
+# slice's walk writes each edge's dst-sorted position (was a scatter, two XLA launches) and the sum
+# takes each run's first chunk and the later chunks in one launch (was two): conv_bwd 0.967-1.000x
+# (five public configs, both dtypes, det-sum-ahead/). What is left above the atomic backward is
+# mostly the rows' own traffic, written once and read once.
 DETERMINISTIC_BACKWARD_SLICE_BYTES = 512 << 20
 # A slice sum's warp adds the columns of at most this many 32-column blocks of each row: one warp
 # finds a run's edges for all of them, and a row's loads are in flight at once.

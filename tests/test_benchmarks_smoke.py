@@ -390,13 +390,16 @@ def _target_row(smoke_row: dict, phase: str, floor_ms: float, memory=None, dtype
 def test_targets_class_each_miss_by_the_floor_it_asks_for(smoke, capsys):
     """A missed target is beyond the floor when its bound is shorter than the row's floor (the
     two-call floor for a double backward), else within it; each row is judged on the first report
-    that has the libraries the target compares."""
+    that has the libraries the target compares. The deterministic variant's verdict gives what its
+    extra temporaries alone cost, written and read once at the floor's bandwidth."""
     from benchmarks import targets
 
     result, out = smoke
     rows = {row["phase"]: row for row in result["rows"]}
+    workspace = rows["conv_bwd"]["min_bytes"] // 4  # 0.25 ms of traffic at the 0.5 ms floor's bandwidth
     first = {"schema": report.SCHEMA, "runs": [], "libraries": {}, "rows": [
-        _target_row(rows["conv_bwd"], "conv_bwd", 0.5, jax_cgtp=1.0, cueq=1.8, jax_cgtp_det=1.2),
+        _target_row(rows["conv_bwd"], "conv_bwd", 0.5, jax_cgtp=1.0, cueq=1.8, jax_cgtp_det=1.2,
+                    memory={"jax_cgtp": (400, 7), "jax_cgtp_det": (400, 7 + workspace)}),
         _target_row(rows["bwd"], "bwd", 0.95, jax_cgtp=1.0, cueq=1.4),
         _target_row(rows["fwd"], "fwd", 0.5, jax_cgtp=1.0, cueq=1.1),
         _target_row(rows["dbwd"], "dbwd", 0.5, jax_cgtp=1.0, cueq=1.2),
@@ -419,6 +422,7 @@ def test_targets_class_each_miss_by_the_floor_it_asks_for(smoke, capsys):
     assert dbwd["verdict"] == targets.BEYOND  # 0.8 ms is below the two-call floor, not below the one-pass one
     (det,) = verdicts["deterministic within 1.3x of atomic"]
     assert det["verdict"] == targets.MET and det["subject"] == "jax_cgtp_det"
+    assert det["workspace"] == (workspace, pytest.approx(1.25, rel=1e-6))
     (oeq,) = verdicts["every conv phase >= 1.0x OEQ"]  # from the second report, the first lacks OEQ
     assert oeq["verdict"] == targets.WITHIN and oeq["bound"] == pytest.approx(0.9)
     assert verdicts["every phase >= 4x e3nn-jax"] == []

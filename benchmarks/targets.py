@@ -134,11 +134,11 @@ def judge(target: Target, row: dict) -> dict | None:
 def _workspace(row: dict, subject: str, reference: str, reference_ms: float) -> tuple[float, float] | None:
     """``(bytes, ratio)``: the temporaries ``subject``'s compiled phase holds beyond ``reference``'s,
     and ``reference_ms`` plus their traffic (written once, read once, at the copy bandwidth of the
-    row's memory floor) over ``reference_ms``; None without both memory analyses."""
+    row's memory floor) over ``reference_ms``; None without both memory analyses, or where it holds none beyond."""
     temps = [row["results"][lib].get("memory", {}).get("temp") for lib in (subject, reference)]
-    if None in temps or not row.get("memory_floor_ms"):
+    if None in temps or temps[0] <= temps[1] or not row.get("memory_floor_ms"):
         return None
-    extra = max(0, temps[0] - temps[1])
+    extra = temps[0] - temps[1]
     bytes_per_ms = row["min_bytes"] / row["memory_floor_ms"]
     return extra, (reference_ms + 2 * extra / bytes_per_ms) / reference_ms
 

@@ -173,11 +173,11 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.Ke
     """Every output of a deterministic backward planned in slices (:func:`schedule._sliced`): per
     slice of ``walk.slice_walk`` dst-sorted positions, the walk by destination (x̄ of each edge to
     the slice's rows, the per-edge outputs to their rows, a shared weight's gradient to partial
-    rows) and the ``sums`` of the slice's rows into x̄ (the sum of each run's first chunk, then
-    the later chunks' rows and their sum in chunk order, or one sum of whole runs). The first
-    slice's launches write their outputs, and its walk each edge's dst-sorted position, which every
-    sum reads; a ``fori_loop`` runs the others, each starting from the outputs before it, so the
-    program's size does not grow with the edges. ``scalars``: the call's
+    rows) and the ``sums`` of the slice's rows into x̄ (one launch sums each run's first chunk and
+    writes the later chunks' rows, the next adds those in chunk order; or one sum of whole runs).
+    The first slice's launches write their outputs, and its walk each edge's dst-sorted position,
+    which every sum reads; a ``fori_loop`` runs the others, each starting from the outputs before
+    it, so the program's size does not grow with the edges. ``scalars``: the call's
     (:func:`launch`'s), to which the launches in slices add the slice size."""
     inputs, indices, orders = call.split(args)
     (perm_z, off_z), (perm_x, off_x) = orders["z"], orders["x"]

@@ -12,27 +12,11 @@ from jax.custom_derivatives import SymbolicZero
 from . import primitives
 from .call import Call, forward_call
 from .cuda_lowering import common_index_dtype, kernel_dtype
-from .graph import SortedGraph, graph_endpoints, sort_graph
+from .graph import SortedGraph, check_index, check_node_count, graph_endpoints, sort_graph
 from .grouping import group_edges
 from .operands import BATCHED, INDEXED, SHARED
 from .schedule import owned_forward_is_faster
 from .tensor_product import TensorProduct, check_float_operands, check_static_shapes, check_trailing_dim
-
-
-def _check_index(name: str, index, num_edges: int) -> None:
-    dtype = jnp.result_type(index)
-    if dtype not in (jnp.int32, jnp.int64):
-        raise TypeError(f"{name}: expected an int32 or int64 array, got dtype {dtype}")
-    if jnp.shape(index) != (num_edges,):
-        raise ValueError(
-            f"{name}: expected shape ({num_edges},), one index per edge of y_edges, got {jnp.shape(index)}"
-        )
-
-
-def _check_num_nodes(num_nodes) -> int:
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)) or num_nodes < 0:
-        raise TypeError(f"num_nodes: expected a static non-negative int, got {num_nodes!r}")
-    return int(num_nodes)
 
 
 class TensorProductConv(TensorProduct):
@@ -78,7 +62,7 @@ class TensorProductConv(TensorProduct):
         src, dst, num_nodes = graph_endpoints(graph, src, dst, num_nodes)
         if src is None or dst is None or num_nodes is None:
             raise ValueError("src, dst, num_nodes: all three are needed (or graph=)")
-        num_nodes = _check_num_nodes(num_nodes)
+        num_nodes = check_node_count("num_nodes", num_nodes)
         dtype = check_float_operands(x_nodes=x_nodes, y_edges=y_edges, w=w)
         check_static_shapes(x_nodes=x_nodes, y_edges=y_edges, w=w, src=src, dst=dst)
         check_trailing_dim("x_nodes", x_nodes, problem.irreps_in1.dim, f"irreps_in1 {problem.irreps_in1}")
@@ -95,8 +79,8 @@ class TensorProductConv(TensorProduct):
                 f"w: expected shape ({problem.weight_numel},) or ({num_edges}, {problem.weight_numel}), "
                 f"got {jnp.shape(w)}"
             )
-        _check_index("src", src, num_edges)
-        _check_index("dst", dst, num_edges)
+        check_index("src", src, num_edges, "y_edges")
+        check_index("dst", dst, num_edges, "y_edges")
         num_src_nodes = jnp.shape(x_nodes)[0]
         if graph is not None and graph.num_src_nodes != num_src_nodes:
             raise ValueError(
@@ -150,8 +134,8 @@ def check_graph(src, dst, num_nodes: int, num_src_nodes: int | None = None) -> N
     ``src`` must lie in ``[0, num_src_nodes)`` (default ``num_nodes``) and ``dst`` in
     ``[0, num_nodes)``. The convolution itself silently drops such edges.
     """
-    num_nodes = _check_num_nodes(num_nodes)
-    num_src_nodes = num_nodes if num_src_nodes is None else _check_num_nodes(num_src_nodes)
+    num_nodes = check_node_count("num_nodes", num_nodes)
+    num_src_nodes = num_nodes if num_src_nodes is None else check_node_count("num_src_nodes", num_src_nodes)
     for name, index, rows in (("src", src, num_src_nodes), ("dst", dst, num_nodes)):
         index = np.asarray(index)
         if index.dtype.kind not in "iu":

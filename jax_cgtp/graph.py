@@ -13,6 +13,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def sort_edges(index: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:
@@ -53,6 +54,25 @@ class SortedGraph:
     num_src_nodes: int = dataclasses.field(metadata=dict(static=True))
 
 
+def check_node_count(name: str, count) -> int:
+    """``count`` as an int; ``TypeError`` naming ``name`` unless it is a static non-negative int."""
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        raise TypeError(f"{name}: expected a static non-negative int, got {count!r}")
+    return int(count)
+
+
+def check_index(name: str, index, num_edges: int, per_edge_of: str) -> None:
+    """Raise unless ``index`` is an int32 or int64 array of shape ``(num_edges,)``, one index per
+    edge of the array ``per_edge_of``."""
+    dtype = jnp.result_type(index)
+    if dtype not in (jnp.int32, jnp.int64):
+        raise TypeError(f"{name}: expected an int32 or int64 array, got dtype {dtype}")
+    if jnp.shape(index) != (num_edges,):
+        raise ValueError(
+            f"{name}: expected shape ({num_edges},), one index per edge of {per_edge_of}, got {jnp.shape(index)}"
+        )
+
+
 def valid_edges(src, dst, num_src_nodes: int, num_nodes: int):
     """Mask of the edges that contribute: ``src`` in ``[0, num_src_nodes)`` and ``dst`` in
     ``[0, num_nodes)``."""
@@ -75,13 +95,20 @@ def sort_graph(src, dst, num_nodes: int, num_src_nodes: int | None = None) -> So
     """Sort a graph's edges once, for :class:`jax_cgtp.TensorProductConv` with ``deterministic=True``.
 
     ``src`` indexes ``num_src_nodes`` source rows (default ``num_nodes``), ``dst`` indexes
-    ``num_nodes`` destination rows.
+    ``num_nodes`` destination rows: int32 or int64 arrays of one index per edge. An index out of
+    range is allowed, as in the convolution, which never visits that edge
+    (:func:`jax_cgtp.check_graph` reports such edges).
 
     >>> g = sort_graph(jnp.array([0, 1, 1]), jnp.array([1, 0, 1]), 2)
     >>> g.by_dst[0].tolist(), g.by_src[1].tolist()
     ([1, 0, 2], [0, 1, 3])
     """
-    num_src_nodes = num_nodes if num_src_nodes is None else num_src_nodes
+    num_nodes = check_node_count("num_nodes", num_nodes)
+    num_src_nodes = num_nodes if num_src_nodes is None else check_node_count("num_src_nodes", num_src_nodes)
     src, dst = jnp.asarray(src), jnp.asarray(dst)
+    if src.ndim != 1:
+        raise ValueError(f"src: expected a 1-D array, one index per edge, got shape {src.shape}")
+    check_index("src", src, src.shape[0], "src")
+    check_index("dst", dst, src.shape[0], "src")
     return SortedGraph(src, dst, sort_edges(src, num_src_nodes), sort_edges(dst, num_nodes),
                        num_nodes, num_src_nodes)

@@ -180,6 +180,28 @@ def test_check_graph_reports_the_first_bad_edge():
     "change,error,message",
     [
         ({"src": np.zeros(4, np.float32)}, TypeError, r"src: expected an int32 or int64 array, got dtype float32"),
+        ({"dst": np.zeros(3, np.int32)}, ValueError, r"dst: expected shape \(4,\), one index per edge of src, got \(3,\)"),
+        ({"src": np.zeros((2, 2), np.int32)}, ValueError, r"src: expected a 1-D array, one index per edge, got shape"),
+        ({"num_nodes": -1}, TypeError, r"num_nodes: expected a static non-negative int, got -1"),
+        ({"num_src_nodes": 2.0}, TypeError, r"num_src_nodes: expected a static non-negative int, got 2.0"),
+    ],
+)
+def test_bad_sort_graph_arguments(change, error, message):
+    args = {"src": np.zeros(4, np.int32), "dst": np.zeros(4, np.int32), "num_nodes": 3, "num_src_nodes": None}
+    args.update(change)
+    with pytest.raises(error, match=message):
+        jax_cgtp.sort_graph(**args)
+
+
+def test_check_graph_names_a_bad_node_count():
+    with pytest.raises(TypeError, match=r"num_src_nodes: expected a static non-negative int, got -2"):
+        jax_cgtp.check_graph(np.array([0, 1]), np.array([1, 0]), 2, num_src_nodes=-2)
+
+
+@pytest.mark.parametrize(
+    "change,error,message",
+    [
+        ({"src": np.zeros(4, np.float32)}, TypeError, r"src: expected an int32 or int64 array, got dtype float32"),
         ({"dst": np.zeros(3, np.int32)}, ValueError, r"dst: expected shape \(4,\), one index per edge"),
         ({"num_nodes": 2.5}, TypeError, r"num_nodes: expected a static non-negative int, got 2.5"),
         ({"w": np.zeros((3, 2))}, ValueError, r"w: expected shape \(2,\) or \(4, 2\), got \(3, 2\)"),

@@ -40,6 +40,8 @@
 #                                     dtypes and arguments after -- (bench-TAG-base.json/txt;
 #                                     BASE_COMMIT names it); then
 #                                     this tree is built and everything else runs as usual
+#   --ab ARGS        [AB_ARGS]        after the benchmark, python -m benchmarks.ab ARGS (word-split: variants
+#                                     without spaces), every round kept in ab.json; stopped at --seconds
 #   --ncu SPECS      [NCU_SPECS]      after the benchmark, profile each CONFIG:PHASE:DTYPE[:LIB[:SETTINGS]]
 #                                     of the comma-separated list with Nsight Compute (every kernel of one
 #                                     run after a warm-up; python -m benchmarks.profile; LIB jax_cgtp
@@ -52,14 +54,14 @@
 # directory ($OEQ_SRC/openequivariance-*), and OEQ_NOTORCH=1; without them oeq is reported missing.
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
 # gpu-tests-large.log, e2e.txt, edge-sharding.json, edge-sharding.txt, bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png,
-# bench-TAG-base.json, bench-TAG-base.txt, ncu.txt (pass -- --no-plots to drop the two PNGs).
+# bench-TAG-base.json, bench-TAG-base.txt, ab.json, ncu.txt (pass -- --no-plots to drop the two PNGs).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 
 PHASES=${BENCH_PHASES:-}; CONFIGS=${BENCH_CONFIGS:-}; DTYPES=${BENCH_DTYPES:-}; LIBS=${BENCH_LIBS:-}
 TAG=${BENCH_TAG:-}; SESSION_SECONDS=${SESSION_SECONDS:-570}; SKIP_TESTS=${SKIP_TESTS:-0}; SKIP_BENCH=${SKIP_BENCH:-0}; PYTEST_ARGS=${PYTEST_ARGS:-}; PYTEST_K=${PYTEST_K:-}
 PYTEST_WORKERS=${PYTEST_WORKERS:-4}; SKIP_LARGE=${SKIP_LARGE:-0}; RUN_E2E=${RUN_E2E:-0}; RUN_SHARDING=${RUN_SHARDING:-0}
-BASE_TREE=${BASE_TREE:-}; NCU_SPECS=${NCU_SPECS:-}
+BASE_TREE=${BASE_TREE:-}; NCU_SPECS=${NCU_SPECS:-}; AB_ARGS=${AB_ARGS:-}
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -79,6 +81,7 @@ while [ $# -gt 0 ]; do
     --e2e) RUN_E2E=1; shift ;;
     --sharding) RUN_SHARDING=1; shift ;;
     --base) BASE_TREE=$2; shift 2 ;;
+    --ab) AB_ARGS=$2; shift 2 ;;
     --ncu) NCU_SPECS=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "gpu_session.sh: unknown option $1" >&2; exit 2 ;;
@@ -218,6 +221,15 @@ if [ "$SKIP_BENCH" != 1 ]; then
   echo "benchmark exit status $bench_rc" | tee -a "$SETUP"
 fi
 
+ab_rc=0
+if [ -n "$AB_ARGS" ]; then
+  step "python3 -m benchmarks.ab $AB_ARGS (ab.json)"
+  # shellcheck disable=SC2086
+  timeout "$(( SESSION_SECONDS - SECONDS ))" python3 -m benchmarks.ab $AB_ARGS --json "$OUT/ab.json" 2>&1 | grep -v '^\['
+  ab_rc=${PIPESTATUS[0]}
+  echo "ab exit status $ab_rc" | tee -a "$SETUP"
+fi
+
 if [ -n "$NCU_SPECS" ]; then
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
   for spec in ${NCU_SPECS//,/ }; do
@@ -234,4 +246,4 @@ if [ -n "$NCU_SPECS" ]; then
 fi
 
 ls -la "$OUT"
-[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ] && [ "$ab_rc" = 0 ]

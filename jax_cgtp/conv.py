@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
+from jax.sharding import PartitionSpec
 
-from . import primitives
+from . import mesh_axes, primitives
 from .call import Call, forward_call
 from .cuda_lowering import common_index_dtype, kernel_dtype
 from .graph import SortedGraph, check_index, check_node_count, graph_endpoints, sort_graph
@@ -88,6 +89,8 @@ class TensorProductConv(TensorProduct):
             )
         x_nodes, y_edges, w = (jnp.asarray(a, dtype) for a in (x_nodes, y_edges, w))
         src, dst = jnp.asarray(src), jnp.asarray(dst)
+        if mesh_axes.explicit_axes([x_nodes, y_edges, w, src, dst]):
+            return self._on_explicit_edges(x_nodes, y_edges, w, src, dst, num_nodes)
         inputs, indices = [x_nodes, y_edges, w], {"x": src, "z": dst}
         kinds = (INDEXED, BATCHED, SHARED if w.ndim == 1 else BATCHED, INDEXED)
         rows = (num_src_nodes, None, None, num_nodes)
@@ -105,6 +108,26 @@ class TensorProductConv(TensorProduct):
             return _owned_forward(owned, atomic, self.backend, *inputs, src, dst, *by_dst)
         (out,) = primitives.bind(atomic, inputs, indices, {"z": by_dst}, backend=self.backend)
         return out
+
+    def _on_explicit_edges(self, x_nodes, y_edges, w, src, dst, num_nodes: int):
+        """The convolution where an operand is sharded over explicit mesh axes: the edges split as
+        the first edge operand sharded there is, ``x_nodes`` and shared weights replicated, each
+        device the convolution of its own edges (``jax.shard_map`` over those axes; the
+        deterministic variant orders each device's edges itself), and the devices' node outputs
+        summed (``psum``): a replicated result."""
+        shared = w.ndim == 1
+        (entry,) = mesh_axes.leading_spec([y_edges, src, dst] + ([] if shared else [w]), 1)
+        rows, edges, whole = PartitionSpec(entry, None), PartitionSpec(entry), PartitionSpec()
+        specs = (whole, rows, whole if shared else rows, edges, edges)
+        operands = [jax.sharding.reshard(a, spec) for a, spec in zip((x_nodes, y_edges, w, src, dst), specs)]
+        axes = mesh_axes.spec_axes(edges)
+        if not axes:  # only node features or shared weights were sharded
+            return self(*operands, num_nodes=num_nodes)
+
+        def own_edges(*local):
+            return jax.lax.psum(self(*local, num_nodes=num_nodes), tuple(sorted(axes)))
+
+        return jax.shard_map(own_edges, in_specs=specs, out_specs=whole, axis_names=axes)(*operands)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))

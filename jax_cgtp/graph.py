@@ -14,6 +14,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
+
+from . import mesh_axes
 
 
 def sort_edges(index: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:
@@ -97,7 +100,8 @@ def sort_graph(src, dst, num_nodes: int, num_src_nodes: int | None = None) -> So
     ``src`` indexes ``num_src_nodes`` source rows (default ``num_nodes``), ``dst`` indexes
     ``num_nodes`` destination rows: int32 or int64 arrays of one index per edge. An index out of
     range is allowed, as in the convolution, which never visits that edge
-    (:func:`jax_cgtp.check_graph` reports such edges).
+    (:func:`jax_cgtp.check_graph` reports such edges). Indices sharded over explicit mesh axes
+    are sorted whole (replicated).
 
     >>> g = sort_graph(jnp.array([0, 1, 1]), jnp.array([1, 0, 1]), 2)
     >>> g.by_dst[0].tolist(), g.by_src[1].tolist()
@@ -110,5 +114,7 @@ def sort_graph(src, dst, num_nodes: int, num_src_nodes: int | None = None) -> So
         raise ValueError(f"src: expected a 1-D array, one index per edge, got shape {src.shape}")
     check_index("src", src, src.shape[0], "src")
     check_index("dst", dst, src.shape[0], "src")
+    if mesh_axes.explicit_axes([src, dst]):  # a sort of every edge: replicated indices
+        src, dst = (jax.sharding.reshard(a, PartitionSpec()) for a in (src, dst))
     return SortedGraph(src, dst, sort_edges(src, num_src_nodes), sort_edges(dst, num_nodes),
                        num_nodes, num_src_nodes)

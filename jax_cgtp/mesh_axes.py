@@ -7,8 +7,10 @@
   varying, as ``lax``'s binary operations do; the cast's transpose then sums that operand's
   cotangent over the devices. Outside shard_map nothing varies and nothing changes.
 * Explicit axes (``jax.sharding.AxisType.Explicit``, where the types carry each array's sharding):
-  the primitives have no sharding rule for them, so :func:`check_not_explicitly_sharded` refuses
-  operands sharded over such an axis with an error that says what to do instead.
+  the primitives have no sharding rule for them. :class:`~jax_cgtp.TensorProduct` and
+  :class:`~jax_cgtp.TensorProductConv` split such calls themselves with ``jax.shard_map`` over the
+  axes (:func:`explicit_axes`, :func:`leading_spec`), and :func:`check_not_explicitly_sharded`
+  refuses operands that reach a primitive sharded over such an axis.
 """
 
 from __future__ import annotations
@@ -46,19 +48,46 @@ def shaped_like(aval, shape, dtype) -> jax.core.ShapedArray:
                        sharding=NamedSharding(aval.sharding.mesh, PartitionSpec()))
 
 
+def spec_axes(entries) -> frozenset:
+    """The mesh axes that the entries of a ``PartitionSpec`` name."""
+    return frozenset(axis for entry in entries if entry is not None
+                     for axis in (entry if isinstance(entry, tuple) else (entry,)))
+
+
+def _explicit_axes_of(aval) -> frozenset:
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or mesh.empty:
+        return frozenset()
+    explicit = {name for name, kind in zip(mesh.axis_names, mesh.axis_types) if kind == AxisType.Explicit}
+    return spec_axes(sharding.spec) & explicit
+
+
+def explicit_axes(arrays) -> frozenset:
+    """The explicit mesh axes that any of ``arrays`` is sharded over (none off such a mesh, and none
+    inside ``jax.shard_map``, where the axes are manual)."""
+    return frozenset().union(*(_explicit_axes_of(jax.typeof(a)) for a in arrays))
+
+
+def leading_spec(arrays, ndim: int) -> tuple:
+    """The sharding of the first ``ndim`` dimensions of the first of ``arrays`` sharded there over an
+    explicit axis (all ``None`` if none is)."""
+    for a in arrays:
+        aval = jax.typeof(a)
+        entries = tuple(aval.sharding.spec)[:ndim] if _explicit_axes_of(aval) else ()
+        entries += (None,) * (ndim - len(entries))
+        if spec_axes(entries):
+            return entries
+    return (None,) * ndim
+
+
 def check_not_explicitly_sharded(avals) -> None:
     """Raise ``NotImplementedError`` if any of ``avals`` is sharded over an explicit mesh axis."""
     for aval in avals:
-        sharding = getattr(aval, "sharding", None)
-        mesh = getattr(sharding, "mesh", None)
-        if mesh is None or mesh.empty:
-            continue
-        explicit = {name for name, kind in zip(mesh.axis_names, mesh.axis_types) if kind == AxisType.Explicit}
-        used = {axis for entry in sharding.spec if entry is not None
-                for axis in (entry if isinstance(entry, tuple) else (entry,))}
-        if used & explicit:
+        used = _explicit_axes_of(aval)
+        if used:
             raise NotImplementedError(
-                f"jax_cgtp: an operand of type {aval} is sharded over the explicit mesh axes "
-                f"{sorted(used & explicit)}; jax_cgtp's operations have no sharding rule for explicit axes. "
-                "Split the data with jax.shard_map (each device its own rows or graph), or shard over "
-                "axes of type AxisType.Auto, where XLA places each call")
+                f"jax_cgtp: an operand of type {aval} is sharded over the explicit mesh axes {sorted(used)}; "
+                "jax_cgtp's primitives have no sharding rule for explicit axes. Call them through "
+                "TensorProduct or TensorProductConv, which split the call over those axes, or split the "
+                "data with jax.shard_map, or shard over axes of type AxisType.Auto, where XLA places each call")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 
-from . import primitives
+from . import mesh_axes, primitives
 from .backend import check_backend
 from .call import forward_call
 from .operands import BATCHED, SHARED
@@ -121,6 +123,8 @@ class TensorProduct:
         except ValueError:
             shapes = ", ".join(str(a.shape) for a in (x, y, w))
             raise ValueError(f"x, y, w: leading shapes do not broadcast: {shapes}") from None
+        if mesh_axes.explicit_axes([x, y, w]):
+            return self._on_explicit_rows(x, y, w, batch)
         rows = int(np.prod(batch, dtype=np.int64))
 
         def flat(array):
@@ -129,6 +133,23 @@ class TensorProduct:
         call = forward_call(problem, (BATCHED, BATCHED, SHARED if shared else BATCHED, BATCHED))
         (z,) = primitives.bind(call, [flat(x), flat(y), w if shared else flat(w)], backend=self.backend)
         return z.reshape(batch + (problem.irreps_out.dim,))
+
+    def _on_explicit_rows(self, x, y, w, batch):
+        """``T(x, y, w)`` where an operand is sharded over explicit mesh axes: the batch sharded as
+        the first operand sharded there is, shared weights replicated, and each device the product
+        of its own rows (``jax.shard_map`` over those axes)."""
+        shared = w.ndim == 1
+        operands = [jnp.broadcast_to(a, batch + a.shape[-1:]) for a in ((x, y) if shared else (x, y, w))]
+        rows = PartitionSpec(*mesh_axes.leading_spec(operands, len(batch)), None)
+        operands = [jax.sharding.reshard(a, rows) for a in operands]
+        specs = [rows] * len(operands)
+        if shared:
+            operands.append(jax.sharding.reshard(w, PartitionSpec()))
+            specs.append(PartitionSpec())
+        axes = mesh_axes.spec_axes(rows)
+        if not axes:  # only the shared weights were sharded
+            return self(*operands)
+        return jax.shard_map(self.__call__, in_specs=tuple(specs), out_specs=rows, axis_names=axes)(*operands)
 
 
 def _parse_filter(filter_ir_out):

@@ -130,23 +130,25 @@ def test_bad_filter_ir_out():
 
 
 def test_operands_sharded_over_an_explicit_mesh_axis():
-    """Explicit sharding (the types carry each array's sharding) has no rule in jax_cgtp: the error says
-    what to use instead. Arrays replicated over such a mesh run as usual."""
+    """Over explicit mesh axes (the types carry each array's sharding) TensorProduct and
+    TensorProductConv split each call themselves (``tests/explicit_sharded.py`` on two devices);
+    a primitive bound directly to such an operand says what to call instead."""
     import jax
     from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+    from jax_cgtp import primitives
+    from jax_cgtp.call import forward_call
+    from jax_cgtp.operands import BATCHED, SHARED
+
     tp = make()
-    conv = jax_cgtp.TensorProductConv(*GOOD)
     x, y, w = jnp.ones((6, 16)), jnp.ones((6, 4)), jnp.ones(tp.weight_numel)
     mesh = jax.make_mesh((1,), ("data",), axis_types=(AxisType.Explicit,))
     with jax.set_mesh(mesh):
-        assert jax.jit(tp)(x, y, w).shape == (6, 16)
         rows = jax.device_put(x, NamedSharding(mesh, PartitionSpec("data")))
-        with pytest.raises(NotImplementedError, match=r"sharded over the explicit mesh axes \['data'\].*jax.shard_map"):
-            jax.jit(tp)(rows, y, w)
-        src = jax.device_put(jnp.arange(6) % 3, NamedSharding(mesh, PartitionSpec("data")))
-        with pytest.raises(NotImplementedError, match="explicit mesh axes"):
-            jax.jit(lambda *a: conv(*a, num_nodes=3))(x[:3], y, jnp.ones((6, conv.weight_numel)), src, src)
+        assert jax.typeof(jax.jit(tp)(rows, y, w)).sharding.spec == PartitionSpec("data", None)
+        call = forward_call(tp.problem, (BATCHED, BATCHED, SHARED, BATCHED))
+        with pytest.raises(NotImplementedError, match=r"explicit mesh axes \['data'\].*TensorProduct"):
+            jax.jit(lambda *a: primitives.bind(call, list(a), backend="reference"))(rows, y, w)
 
 
 def test_symbolic_shapes_in_jax_export_name_the_operand():

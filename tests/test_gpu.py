@@ -21,6 +21,7 @@ from random_problems import random_inputs, random_problem
 
 import data_parallel
 import edge_sharded
+import explicit_sharded
 
 import jax_cgtp
 from jax_cgtp.cuda_lowering import precompile
@@ -551,6 +552,22 @@ def test_edges_sharded_by_jit_run_on_each_gpu(dtype):
     for name, run in result.items():
         assert run["partitioned"] and not run["partitioned_when_off"], (name, run)
         assert run["all_gathers"] == run["all_edge_arrays"] == 0, (name, run)
+        assert run["repeatable"] or name == "conv_atomic", (name, run)
+        assert run["alone"] < tolerance and run["reference"] < tolerance, (name, run)
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_operands_sharded_over_an_explicit_axis_run_on_each_gpu(dtype):
+    """Rows or edges sharded over an explicit mesh axis across the GPUs: each GPU runs the kernels
+    on its own rows or edges (``jax.shard_map`` inside the library); the products, and the
+    convolution's second derivative (atomic, and deterministic on a sorted graph), match one GPU
+    and the reference, and all but the atomic convolution repeat bitwise."""
+    result = explicit_sharded.report(jax.devices("gpu"), dtype, backend="cuda")
+    assert len(result.pop("devices")) >= 2
+    tolerance = 1e-12 if dtype == jnp.float64 else 1e-5
+    for name, run in result.items():
+        assert run["first_spec"] == (["edges", None] if name.startswith("product") else [None, None]), (name, run)
         assert run["repeatable"] or name == "conv_atomic", (name, run)
         assert run["alone"] < tolerance and run["reference"] < tolerance, (name, run)
 

@@ -1,8 +1,10 @@
 """The primitives on two host devices: a data-parallel training step inside ``jax.shard_map`` and
-``jax.pmap``, and one graph's edges split across the devices by ``jax.jit``.
+``jax.pmap``, one graph's edges split across the devices by ``jax.jit``, and operands sharded over
+an explicit mesh axis.
 
 JAX fixes the number of host devices when it starts, so each runs in a fresh process
-(``data_parallel.py``, ``edge_sharded.py`` with ``--xla_force_host_platform_device_count=2``). On a
+(``data_parallel.py``, ``edge_sharded.py``, ``explicit_sharded.py`` with
+``--xla_force_host_platform_device_count=2``). On a
 machine with two GPUs ``test_gpu.py`` runs the same on the kernels. Also: lowering over an abstract
 mesh (no devices) with and without the partitioning rule.
 """
@@ -36,6 +38,18 @@ def test_edges_sharded_by_jit_run_on_each_device_and_match_one_device():
         assert run["partitioned"] and not run["partitioned_when_off"] and run["repeatable"], (name, run)
         assert run["all_gathers"] == run["all_edge_arrays"] == 0, (name, run)
         assert run["alone"] < 1e-12 and run["reference"] < 1e-12, (name, run)
+
+
+def test_operands_sharded_over_an_explicit_axis_split_each_call_over_the_devices():
+    """Rows or edges sharded over an explicit mesh axis: the product keeps its rows sharded, the
+    convolution (and its second derivative, atomic and on a sorted graph) sums each device's edges
+    into replicated nodes; the results of one device and of the reference, bitwise repeatable."""
+    result = on_two_host_devices(["explicit_sharded.py"], pathlib.Path(__file__).resolve().parent)
+    assert result.pop("devices") == ["cpu:0", "cpu:1"]
+    assert set(result) == {"conv_atomic", "conv_deterministic", "product_per_row", "product_shared"}
+    for name, run in result.items():
+        assert run["first_spec"] == (["edges", None] if name.startswith("product") else [None, None]), (name, run)
+        assert run["repeatable"] and run["alone"] < 1e-12 and run["reference"] < 1e-12, (name, run)
 
 
 ABSTRACT_MESH_EXPORT = """

@@ -325,9 +325,9 @@ def _calls_in(jaxpr):
             yield call, dtype, common_index_dtype(indices)[1], edges
         for param in eqn.params.values():
             for sub in param if isinstance(param, (tuple, list)) else (param,):
-                inner = getattr(sub, "jaxpr", None)
-                if inner is not None:
-                    yield from _calls_in(getattr(inner, "jaxpr", inner))
+                inner = getattr(sub, "jaxpr", sub)  # a closed jaxpr's, or a jaxpr (shard_map's, local shapes)
+                if hasattr(inner, "eqns"):
+                    yield from _calls_in(inner)
 
 
 def planned_kernels(fun, *args) -> list[schedule.KernelSchedule]:

@@ -87,6 +87,27 @@ def _flushes(fun, *args):
     return [[(o.role, o.flush) for o in k.outputs] for k in planned_kernels(fun, *args)]
 
 
+def test_planned_kernels_are_found_inside_shard_map_with_each_devices_shapes():
+    """A data-parallel step (``jax.shard_map`` over two devices, each its own graph of 40 edges):
+    ``planned_kernels``, and so ``precompile``, finds the calls inside, planned for the 40 edges
+    each device holds, as jit lowers them (an abstract mesh: no devices needed)."""
+    from jax.sharding import AbstractMesh, AxisType, PartitionSpec
+
+    conv, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(5), conv, 6, 80, False)
+    stacked = [a.reshape((2, -1) + a.shape[1:]) for a in (y, w, src, dst)]
+    mesh = AbstractMesh((2,), ("data",), axis_types=(AxisType.Auto,))
+
+    def local(x, y, w, src, dst):
+        return jax.grad(lambda y: jnp.sum(conv(x, y[0], w[0], src[0], dst[0], 6) ** 2))(y)
+
+    step = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(),) + (PartitionSpec("data"),) * 4,
+                         out_specs=PartitionSpec("data"))
+    inside = planned_kernels(step, x, *stacked)
+    alone = planned_kernels(lambda *a: local(x, *(b[:1] for b in a)), *stacked)
+    assert inside and inside == alone
+
+
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_sorted_graph_gives_the_atomic_variant_its_faster_forward(dtype):
     """With ``graph=``, the atomic variant computes the forward of a MACE-like product (joint

@@ -119,15 +119,8 @@ class TensorProductConv(TensorProduct):
         (entry,) = mesh_axes.leading_spec([y_edges, src, dst] + ([] if shared else [w]), 1)
         rows, edges, whole = PartitionSpec(entry, None), PartitionSpec(entry), PartitionSpec()
         specs = (whole, rows, whole if shared else rows, edges, edges)
-        operands = [jax.sharding.reshard(a, spec) for a, spec in zip((x_nodes, y_edges, w, src, dst), specs)]
-        axes = mesh_axes.spec_axes(edges)
-        if not axes:  # only node features or shared weights were sharded
-            return self(*operands, num_nodes=num_nodes)
-
-        def own_edges(*local):
-            return jax.lax.psum(self(*local, num_nodes=num_nodes), tuple(sorted(axes)))
-
-        return jax.shard_map(own_edges, in_specs=specs, out_specs=whole, axis_names=axes)(*operands)
+        return mesh_axes.split_over_axes(functools.partial(self, num_nodes=num_nodes),
+                                         (x_nodes, y_edges, w, src, dst), specs, whole, summed=True)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))

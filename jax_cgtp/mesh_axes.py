@@ -9,7 +9,7 @@
 * Explicit axes (``jax.sharding.AxisType.Explicit``, where the types carry each array's sharding):
   the primitives have no sharding rule for them. :class:`~jax_cgtp.TensorProduct` and
   :class:`~jax_cgtp.TensorProductConv` split such calls themselves with ``jax.shard_map`` over the
-  axes (:func:`explicit_axes`, :func:`leading_spec`), and :func:`check_not_explicitly_sharded`
+  axes (:func:`explicit_axes`, :func:`leading_spec`, :func:`split_over_axes`), and :func:`check_not_explicitly_sharded`
   refuses operands that reach a primitive sharded over such an axis.
 """
 
@@ -79,6 +79,18 @@ def leading_spec(arrays, ndim: int) -> tuple:
         if spec_axes(entries):
             return entries
     return (None,) * ndim
+
+
+def split_over_axes(fn, operands, specs, out_spec, *, summed: bool = False):
+    """``fn(*operands)`` with each operand resharded to its spec of ``specs``, run on each device's
+    share by ``jax.shard_map`` over the mesh axes the specs name (the results summed over them with
+    ``summed``), or whole where they name none."""
+    operands = [jax.sharding.reshard(a, spec) for a, spec in zip(operands, specs)]
+    axes = frozenset().union(*(spec_axes(spec) for spec in specs))
+    if not axes:
+        return fn(*operands)
+    local = (lambda *a: jax.lax.psum(fn(*a), tuple(sorted(axes)))) if summed else fn
+    return jax.shard_map(local, in_specs=tuple(specs), out_specs=out_spec, axis_names=axes)(*operands)
 
 
 def check_not_explicitly_sharded(avals) -> None:

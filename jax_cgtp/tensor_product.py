@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
@@ -141,15 +140,8 @@ class TensorProduct:
         shared = w.ndim == 1
         operands = [jnp.broadcast_to(a, batch + a.shape[-1:]) for a in ((x, y) if shared else (x, y, w))]
         rows = PartitionSpec(*mesh_axes.leading_spec(operands, len(batch)), None)
-        operands = [jax.sharding.reshard(a, rows) for a in operands]
-        specs = [rows] * len(operands)
-        if shared:
-            operands.append(jax.sharding.reshard(w, PartitionSpec()))
-            specs.append(PartitionSpec())
-        axes = mesh_axes.spec_axes(rows)
-        if not axes:  # only the shared weights were sharded
-            return self(*operands)
-        return jax.shard_map(self.__call__, in_specs=tuple(specs), out_specs=rows, axis_names=axes)(*operands)
+        specs = [rows] * len(operands) + ([PartitionSpec()] if shared else [])
+        return mesh_axes.split_over_axes(self.__call__, operands + ([w] if shared else []), specs, rows)
 
 
 def _parse_filter(filter_ir_out):

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, grouping_index,
-                            high_l_pair, in_float64, members, pair, random_graph, second_derivatives,
-                            spherical_harmonics_pair, squared_norm_and_gradients, whole_chunks_pair, wide_block_pair,
-                            with_sorted_graph)
+                            high_l_pair, in_float64, interleaved_whole_chunks_pair, members, pair, random_graph,
+                            second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients, whole_chunks_pair,
+                            wide_block_pair, with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -465,11 +465,6 @@ def test_convolution_forward_looks_ahead_through_a_ring(depth, deterministic, pl
     assert_close(actual, jax.jit(functools.partial(forward_and_jvp, reference))(x, y, w), jnp.float64)
 
 
-# 32x0e+32x1o over 0e+1o+2e with x block 0's paths at instructions 0, 1 and 3: their weights lie
-# at 0, 32 and 96, unevenly spaced
-INTERLEAVED_WHOLE_CHUNKS = ("32x0e+32x1o", "0e+1o+2e", "32x0e+32x1o+32x2e+32x1o",
-                            [(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 3, "uvu", True),
-                             (0, 2, 2, "uvu", True)], {})
 VECTOR_COPY = re.compile(r"cgtp_copy_vectors?<\d")  # a generated 16-byte copy (not the header's definition)
 
 
@@ -482,11 +477,8 @@ def test_convolution_forward_ring_copies_sixteen_bytes_per_lane(problem, determi
     the weights of 16 bytes' worth of paths per instruction (four in float32, two in float64),
     their offsets evenly spaced or not.
     The forward and its JVP (two x and two w inputs) match the reference."""
-    if problem == "whole chunks":
-        kernels, reference = whole_chunks_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
-    else:
-        kernels, reference = pair(INTERLEAVED_WHOLE_CHUNKS, jax_cgtp.TensorProductConv, kernels="auto",
-                                  deterministic=deterministic)
+    make_pair = whole_chunks_pair if problem == "whole chunks" else interleaved_whole_chunks_pair
+    kernels, reference = make_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(61), kernels, 9, 70, dtype, bad_fraction=0.1)
     tangents = tuple(jax.random.normal(jax.random.PRNGKey(62 + n), a.shape, a.dtype) for n, a in enumerate((x, y, w)))
 

@@ -88,6 +88,28 @@ __device__ __forceinline__ void cgtp_copy_element(T* to, const T* from) {
 #endif
 }
 
+// The same for `V` consecutive elements of 16 bytes together (cp.async.cg: a 16-byte copy, which
+// bypasses L1): both addresses are multiples of 16 bytes.
+template <int V>
+__device__ __forceinline__ void cgtp_copy_vector(T* to, const T* from) {
+  static_assert(V * sizeof(T) == 16, "a vector copy moves 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(to));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(from) : "memory");
+#else
+  for (int v = 0; v < V; ++v) to[v] = from[v];
+#endif
+}
+
+// `N` contiguous elements (N a multiple of `V`), `V` at a time, the warp's lanes together.
+template <int N, int V>
+__device__ __forceinline__ void cgtp_copy_vectors(T* __restrict__ dst, const T* __restrict__ src, int lane) {
+#pragma unroll
+  for (int q = 0; q < N; q += 32 * V) {
+    if (q + lane * V < N) cgtp_copy_vector<V>(dst + q + lane * V, src + q + lane * V);
+  }
+}
+
 template <int N, int S, int SP>
 __device__ __forceinline__ void cgtp_copy_async(T* __restrict__ dst, const T* __restrict__ src, int lane) {
   if (SP == S) {

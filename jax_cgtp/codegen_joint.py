@@ -298,31 +298,74 @@ def _ring_layout(schedule: KernelSchedule, dim: int, paths):
     return x_parts, w_parts, ahead_slot(joint, dim, paths)
 
 
-def _emit_ring_fetch(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str) -> None:
+def _emit_ring_fetch(w: Writer, schedule: KernelSchedule, x_offset: int, mul: int, dim: int, paths,
+                     edge: str) -> None:
     """Copy the operands of the tile's edge ``edge`` for this chunk into its look-ahead slot
-    (nothing when the edge is past the tile or invalid), and commit them as one group."""
+    (nothing when the edge is past the tile or invalid), and commit them as one group: element by
+    element, or ``KernelSchedule.ring_copy_width`` elements per lane and copy."""
     joint = schedule.joint
     x_parts, w_parts, size = _ring_layout(schedule, dim, paths)
+    width = schedule.ring_copy_width(x_offset, mul, paths)
     x_chunks, w_rows = _open_edge_ahead(w, schedule, x_offset, dim, paths, edge)
     w(f"T* const slot_a = stage_ahead + (ta % {schedule.ahead + 1}) * {size};")
     w.open("if (ok_a)")
     for a, chunk in x_chunks.items():
-        w(f"cgtp_stage_async<{dim}, {stage_width(dim)}>(slot_a + {x_parts[joint.suffix('x', a)]}, {chunk}, "
-          f"nrows * {dim}, lane);")
-    _emit_weights_ahead(w, schedule, paths, w_rows, lambda s, p: f"if (active) cgtp_copy_element(slot_a + "
-                        f"{w_parts[p.ins_index, s]} + lane, pw{s}_a + {p.w_offset} + lc);")
+        slot = f"slot_a + {x_parts[joint.suffix('x', a)]}"
+        if width > 1:
+            w(f"cgtp_copy_vectors<{WARP * dim}, {width}>({slot}, {chunk}, lane);")
+        else:
+            w(f"cgtp_stage_async<{dim}, {stage_width(dim)}>({slot}, {chunk}, nrows * {dim}, lane);")
+    if width > 1:
+        _emit_weight_vectors_ahead(w, schedule, paths, w_rows, w_parts, width)
+    else:
+        _emit_weights_ahead(w, schedule, paths, w_rows, lambda s, p: f"if (active) cgtp_copy_element(slot_a + "
+                            f"{w_parts[p.ins_index, s]} + lane, pw{s}_a + {p.w_offset} + lc);")
     w.close()
     w("cgtp_commit();  // one group per edge, empty past the tile")
     w.close()
 
 
-def _emit_ring_fill(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths) -> None:
+def _emit_weight_vectors_ahead(w: Writer, schedule: KernelSchedule, paths, w_rows: dict[int, str], w_parts,
+                               width: int) -> None:
+    """Copy this chunk's 32 weights of each weighted path into the slot, ``width`` elements per lane:
+    ``WARP // width`` lanes per path, so each copy instruction serves ``width`` paths (lane group
+    ``n`` takes the group's n-th path)."""
+    lanes = WARP // width
+    weighted = _weighted(schedule, paths)
+    if w_rows:
+        w("const int lane_a = cgtp_lane();  // read here, so that the copies' addresses are not held across edges")
+        w(f"const int n_a = lane_a / {lanes}, piece_a = lane_a % {lanes} * {width};  // path of the group, elements")
+    for a, row in w_rows.items():
+        s = schedule.joint.suffix("w", a)
+        w(f"const T* const pw{s}_a = {row};")
+        for first in range(0, len(weighted), width):
+            group = weighted[first:first + width]
+            slot = w_parts[group[0].ins_index, s]
+            guard = f"if (n_a < {len(group)}) " if len(group) < width else ""
+            w(f"{guard}cgtp_copy_vector<{width}>(slot_a + {slot} + n_a * {WARP} + piece_a, "
+              f"pw{s}_a + {_lane_group_offset([p.w_offset for p in group])} + c * {WARP}LL + piece_a);")
+
+
+def _lane_group_offset(offsets: list[int]) -> str:
+    """The n-th of ``offsets`` for lane group ``n_a``: a product where they are evenly spaced, else
+    a chain of selections."""
+    steps = {b - a for a, b in zip(offsets, offsets[1:])}
+    if len(steps) <= 1:
+        step = steps.pop() if steps else 0
+        return f"({offsets[0]} + n_a * {step})" if step else str(offsets[0])
+    chain = str(offsets[-1])
+    for n in range(len(offsets) - 2, -1, -1):
+        chain = f"n_a == {n} ? {offsets[n]} : {chain}"
+    return f"({chain})"
+
+
+def _emit_ring_fill(w: Writer, schedule: KernelSchedule, x_offset: int, mul: int, dim: int, paths) -> None:
     """Start the look-ahead: the copies of the tile's first ``ahead`` edges."""
     w(f"// the x chunk and weights of the edge {schedule.ahead} ahead are copied into the ring while the current "
       "edge computes")
     w("__syncwarp();  // the ring's last readers are done")
     for d in range(schedule.ahead):
-        _emit_ring_fetch(w, schedule, x_offset, dim, paths, str(d))
+        _emit_ring_fetch(w, schedule, x_offset, mul, dim, paths, str(d))
 
 
 def _take_ring(w: Writer, schedule: KernelSchedule, dim: int, paths) -> dict[tuple[int, int], str]:
@@ -368,7 +411,7 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
         if tracked:
             w("long long cur = -1;")
         if schedule.ahead:
-            _emit_ring_fill(w, schedule, x_offset, dim, paths)
+            _emit_ring_fill(w, schedule, x_offset, mul, dim, paths)
         else:
             _emit_ahead(w, schedule, x_offset, dim, paths)
         w("#pragma unroll 1")
@@ -376,7 +419,7 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
         emit_edge_header(w, schedule)
         if schedule.ahead:
             weights = _take_ring(w, schedule, dim, paths)
-            _emit_ring_fetch(w, schedule, x_offset, dim, paths, f"t + {schedule.ahead}")
+            _emit_ring_fetch(w, schedule, x_offset, mul, dim, paths, f"t + {schedule.ahead}")
         else:
             weights = _take_ahead(w, schedule, dim, paths)
             _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1")

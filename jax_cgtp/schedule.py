@@ -249,6 +249,15 @@ ROOMY_WALK_TERMS = 1100
 # float32 and 0.969-1.003x in float64 (benchmarks/results/nvidia-h100-80gb-hbm3/owned-depth/).
 AHEAD_DEPTH = 2
 OWNED_AHEAD_DEPTH = 3
+# The ring's copies move AHEAD_COPY_BYTES per lane and instruction (cp.async.cg of 16 bytes: four
+# float32 or two float64 elements) where a block's chunks are whole and every row, block and
+# weight offset is a multiple of that width, as in the public configs; elsewhere, and at 0, one
+# element per lane (cp.async of 4 or 8 bytes). XLA aligns every buffer it hands a custom call to at
+# least 16 bytes. H100, conv_fwd, same process, 5 rounds, time with 16 bytes over elements: float32
+# 0.90-0.96x on six uvu configs, atomic and deterministic (geometric means 0.949x and 0.943x);
+# float64 0.91-0.96x on nequip-l2-c32, nequip-lips, mace-large and l5-c32, 1.00x on mace-l2-c128,
+# 1.01-1.02x on mace-medium and sevennet-l3-c32 (benchmarks/results/nvidia-h100-80gb-hbm3/ring-vectors/).
+AHEAD_COPY_BYTES = 16
 CG_INDEX = {"x": 0, "y": 1, "z": 2}
 
 
@@ -463,6 +472,8 @@ class KernelSchedule:
     lockstep: bool = False
     # a forward walk's look-ahead: edges loaded ahead into the ``ahead`` ring (0: the next, in registers)
     ahead: int = 0
+    # bytes per lane of the ring's copies where a block allows them (:meth:`ring_copy_width`; 0: elements)
+    ahead_copy_bytes: int = 0
     # ptxas aims at one block per SM, not at its own register target (ROOMY_WALK_TERMS)
     roomy: bool = False
     # a walk over sorted runs that walks at most this many edges of each run (0: all); the launches
@@ -499,6 +510,21 @@ class KernelSchedule:
     def permuted(self) -> bool:
         """Whether the tile's edges are rows of a sorted permutation (not consecutive rows)."""
         return self.tiling == "segments" or self.call.walk is not None or bool(self.slice_walk)
+
+    def ring_copy_width(self, x_offset: int, mul: int, paths) -> int:
+        """Elements per lane of each copy into the look-ahead ring for the x block at ``x_offset``
+        (``mul`` channels) and its ``paths``: ``ahead_copy_bytes`` worth where the block's 32-channel
+        chunks are whole and the x and w rows, the block and every weighted path's weights start at
+        multiples of that (the ring's slots do: they are multiples of 32 elements), else one."""
+        width = self.ahead_copy_bytes // self.itemsize
+        if width <= 1 or mul % WARP:
+            return 1
+        problem = self.call.problem
+        offsets = [problem.operand_dim("x"), x_offset]
+        if self.joint.reads("w"):
+            weighted = [p.w_offset for p in paths if p.w_offset is not None]
+            offsets += [problem.operand_dim("w")] + weighted if weighted else []
+        return width if all(o % width == 0 for o in offsets) else 1
 
     @property
     def smem_per_warp(self) -> int:
@@ -1094,7 +1120,7 @@ def _chunked(kernel: KernelSchedule, chunk: int) -> list[KernelSchedule]:
     owned = tuple(out for out in kernel.outputs if out.flush == "own")
     walk = dataclasses.replace(kernel, lockstep=False, warps_per_block=1, chunk_walk=chunk)
     total = dataclasses.replace(kernel, outputs=owned, slots=(), stage_sizes=(), transpose_size=0, joint=None,
-                                stream=None, edge_sums_size=0, lockstep=False, ahead=0, roomy=False,
+                                stream=None, edge_sums_size=0, lockstep=False, ahead=0, ahead_copy_bytes=0, roomy=False,
                                 warps_per_block=WARPS_PER_BLOCK, chunk_sum=chunk)
     return [dataclasses.replace(kernel, run_cap=chunk), walk, total]
 
@@ -1189,6 +1215,7 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
             edge_sums,
             lockstep=bool(lockstep),
             ahead=ahead,
+            ahead_copy_bytes=AHEAD_COPY_BYTES if ahead else 0,
             roomy=_roomy(joint, lockstep),
         )
         kernel = _fit_shared_memory(kernel)

@@ -57,6 +57,14 @@ def whole_chunks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     return _same_problem_pair(tp, cls, kernels, options)
 
 
+def interleaved_whole_chunks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
+    """32x0e+32x1o over 0e+1o+2e whose x block 0 has its paths at instructions 0, 1 and 3, so that
+    their weights lie at 0, 32 and 96 (unevenly spaced); every chunk is whole. On the kernels'
+    backend and on the reference."""
+    instructions = [(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 3, "uvu", True), (0, 2, 2, "uvu", True)]
+    return pair(("32x0e+32x1o", "0e+1o+2e", "32x0e+32x1o+32x2e+32x1o", instructions, {}), cls, kernels, **options)
+
+
 def wide_block_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     """A product whose x blocks have many paths: 1o and 2e over ``0e+1o+2e+3o``, every output
     (48 and 65 z components per block, more than a float64 walk by destination holds at once).

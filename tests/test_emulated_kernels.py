@@ -7,6 +7,7 @@ flushes and the launch plan are checked on every change. They say nothing about 
 """
 
 import functools
+import re
 
 import e3nn_jax as e3nn
 import jax
@@ -14,13 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, grouping_index,
-                            high_l_pair, in_float64, members, pair, random_graph, second_derivatives,
-                            spherical_harmonics_pair, squared_norm_and_gradients, whole_chunks_pair, wide_block_pair,
-                            with_sorted_graph)
+                            high_l_pair, in_float64, interleaved_whole_chunks_pair, members, pair, random_graph,
+                            second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients, whole_chunks_pair,
+                            wide_block_pair, with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
-from jax_cgtp import cuda_lowering, schedule
+from jax_cgtp import codegen, cuda_lowering, schedule
 from jax_cgtp.problem import MODES
 
 import kernel_emulator
@@ -462,6 +463,60 @@ def test_convolution_forward_looks_ahead_through_a_ring(depth, deterministic, pl
     assert walks and all(k.ahead == depth for k in walks)
     assert any(len(k.joint.reads("w")) == 2 for k in walks)
     assert_close(actual, jax.jit(functools.partial(forward_and_jvp, reference))(x, y, w), jnp.float64)
+
+
+VECTOR_COPY = re.compile(r"cgtp_copy_vectors?<\d")  # a generated 16-byte copy (not the header's definition)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("problem", ["whole chunks", "interleaved paths"])
+def test_convolution_forward_ring_copies_sixteen_bytes_per_lane(problem, deterministic, dtype):
+    """Where a block's chunks are whole and its offsets are multiples of 16 bytes, each lane copies
+    16 bytes into the look-ahead ring at a time (``schedule.AHEAD_COPY_BYTES``): the x chunk, and
+    the weights of 16 bytes' worth of paths per instruction (four in float32, two in float64),
+    their offsets evenly spaced or not.
+    The forward and its JVP (two x and two w inputs) match the reference."""
+    make_pair = whole_chunks_pair if problem == "whole chunks" else interleaved_whole_chunks_pair
+    kernels, reference = make_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(61), kernels, 9, 70, dtype, bad_fraction=0.1)
+    tangents = tuple(jax.random.normal(jax.random.PRNGKey(62 + n), a.shape, a.dtype) for n, a in enumerate((x, y, w)))
+
+    def forward_and_jvp(conv, *arrays):
+        primals, dots = arrays[:3], arrays[3:]
+        return jax.jvp(lambda *a: conv(*a, src, dst, 9), primals, dots)
+
+    before = _launches()
+    actual = jax.jit(functools.partial(forward_and_jvp, kernels))(x, y, w, *tangents)
+    walks = [k for k in kernel_emulator.launched()[before:] if k.ahead]
+    width = 16 // jnp.dtype(dtype).itemsize
+    assert walks and all(k.ring_copy_width(x_offset, mul, paths) == width
+                         for k in walks for x_offset, mul, _, paths in k.joint.blocks)
+    source = codegen.generate(walks[0])
+    assert VECTOR_COPY.search(source) and "cgtp_copy_element(slot_a" not in source
+    assert ("n_a == 0 ?" in source) == (problem == "interleaved paths" and width == 4)  # (two are evenly spaced)
+    expected = jax.jit(functools.partial(forward_and_jvp, reference))(*in_float64((x, y, w, *tangents)))
+    assert_close(actual, expected, dtype)
+
+
+def test_convolution_forward_ring_copies_elements_where_a_block_is_not_whole(planned_with):
+    """A block of 33 channels (a partial chunk), or any block with ``AHEAD_COPY_BYTES = 0``, is
+    copied into the ring element by element."""
+    kernels, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
+    whole, _ = whole_chunks_pair(jax_cgtp.TensorProductConv, kernels="auto")
+    for conv in (kernels, whole):
+        x, y, w, src, dst = random_graph(jax.random.PRNGKey(63), conv, 9, 40, jnp.float64)
+        jax.jit(conv, static_argnums=5)(x, y, w, src, dst, 9)
+    walk, whole_walk = (k for k in kernel_emulator.launched()[-4:] if k.ahead and not k.beyond_cap)
+    assert all(walk.ring_copy_width(o, mul, paths) == 1 for o, mul, _, paths in walk.joint.blocks)
+    assert not VECTOR_COPY.search(codegen.generate(walk))
+    planned_with(AHEAD_COPY_BYTES=0)
+    assert whole_walk.ring_copy_width(0, 64, whole_walk.joint.blocks[0][3]) == 2
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(64), whole, 9, 41, jnp.float64)  # (traced anew)
+    before = _launches()
+    jax.jit(whole, static_argnums=5)(x, y, w, src, dst, 9)
+    assert all(k.ahead_copy_bytes == 0 and not VECTOR_COPY.search(codegen.generate(k))
+               for k in kernel_emulator.launched()[before:] if k.ahead)
 
 
 @pytest.mark.parametrize("sorted_by_dst", [False, True])

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, grouping_index,
-                            high_l_pair, in_float64, long_code_pair, members, pair, random_graph, relative_error,
-                            second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients, wide_block_pair,
-                            with_sorted_graph)
+                            high_l_pair, in_float64, interleaved_whole_chunks_pair, long_code_pair, members, pair,
+                            random_graph, relative_error, second_derivatives, spherical_harmonics_pair,
+                            squared_norm_and_gradients, whole_chunks_pair, wide_block_pair, with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
 import data_parallel
@@ -24,7 +24,7 @@ import edge_sharded
 import explicit_sharded
 
 import jax_cgtp
-from jax_cgtp.cuda_lowering import precompile
+from jax_cgtp.cuda_lowering import planned_kernels, precompile
 from jax_cgtp.problem import MODES
 
 os.environ["JAX_CGTP_POISON_OUTPUTS"] = "1"
@@ -389,6 +389,22 @@ def test_convolution_forward_look_ahead_depths_match_reference(dtype, depth, pla
     for deterministic in (False, True):
         cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
         args = random_graph(jax.random.PRNGKey(depth), cuda, 300, 5000, dtype, bad_fraction=0.05)
+        _assert_conv_members_match(cuda, reference, 300, args, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("sorted_by_dst", [False, True])
+@pytest.mark.parametrize("make_pair", [whole_chunks_pair, interleaved_whole_chunks_pair])
+def test_convolution_forward_ring_of_sixteen_byte_copies_matches_reference(dtype, sorted_by_dst, make_pair):
+    """Blocks of whole 32-channel chunks, as in the public configs: the forward by destination
+    copies 16 bytes per lane into its look-ahead ring (``schedule.AHEAD_COPY_BYTES``; the weights
+    of several paths per copy, evenly spaced or not), atomic and deterministic; every member."""
+    for deterministic in (False, True):
+        cuda, reference = make_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
+        args = random_graph(jax.random.PRNGKey(65), cuda, 300, 5000, dtype, bad_fraction=0.05,
+                            sorted_by_dst=sorted_by_dst)
+        walks = [k for k in planned_kernels(functools.partial(cuda, num_nodes=300), *args) if k.ahead]
+        assert walks and all(k.ring_copy_width(o, mul, paths) > 1 for k in walks for o, mul, _, paths in k.joint.blocks)
         _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 

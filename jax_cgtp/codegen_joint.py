@@ -341,6 +341,7 @@ def _emit_weight_vectors_ahead(w: Writer, schedule: KernelSchedule, paths, w_row
         for first in range(0, len(weighted), width):
             group = weighted[first:first + width]
             slot = w_parts[group[0].ins_index, s]
+            assert all(w_parts[p.ins_index, s] == slot + n * WARP for n, p in enumerate(group))  # (_ring_layout)
             guard = f"if (n_a < {len(group)}) " if len(group) < width else ""
             w(f"{guard}cgtp_copy_vector<{width}>(slot_a + {slot} + n_a * {WARP} + piece_a, "
               f"pw{s}_a + {_lane_group_offset([p.w_offset for p in group])} + c * {WARP}LL + piece_a);")

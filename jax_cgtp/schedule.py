@@ -1120,8 +1120,8 @@ def _chunked(kernel: KernelSchedule, chunk: int) -> list[KernelSchedule]:
     owned = tuple(out for out in kernel.outputs if out.flush == "own")
     walk = dataclasses.replace(kernel, lockstep=False, warps_per_block=1, chunk_walk=chunk)
     total = dataclasses.replace(kernel, outputs=owned, slots=(), stage_sizes=(), transpose_size=0, joint=None,
-                                stream=None, edge_sums_size=0, lockstep=False, ahead=0, ahead_copy_bytes=0, roomy=False,
-                                warps_per_block=WARPS_PER_BLOCK, chunk_sum=chunk)
+                                stream=None, edge_sums_size=0, lockstep=False, ahead=0, ahead_copy_bytes=0,
+                                roomy=False, warps_per_block=WARPS_PER_BLOCK, chunk_sum=chunk)
     return [dataclasses.replace(kernel, run_cap=chunk), walk, total]
 
 

@@ -138,8 +138,11 @@ WALK_TILE = 16  # edges per tile of a product's walk
 Z_WITH_BACKWARD_MAX_TERMS = 2048
 # The backward's sums through z̄ (codegen_joint._ThroughZ) declare each path's S_ij = pw C_ijk z̄_k
 # once up to sign (FOLD_CG_SIGNS) and in units of the magnitude most of them share
-# (FOLD_CG_MAGNITUDE), so that S = ±z̄_k needs no multiplication: nequip-revmd17-benzene's float32
-# conv_bwd kernel has 0.98x the SASS instructions with the signs alone (nvcc 13.0).
+# (FOLD_CG_MAGNITUDE), so that S = ±z̄_k needs no multiplication: 0.5-2% fewer SASS instructions in
+# the backward kernels of the public uvu configs. Both on against both off: conv_bwd 0.969x and
+# 0.971x on nequip-revmd17-benzene (float32, float64), 0.973x on sevennet-l3-c32 (float64),
+# 0.99-1.00x on the other configs; conv_dbwd 0.98-1.01x; the deterministic conv_bwd 0.97-1.016x
+# (H100, same process; benchmarks/results/nvidia-h100-80gb-hbm3/cg-folding/).
 FOLD_CG_SIGNS = True
 FOLD_CG_MAGNITUDE = True
 # They load the weights of a chunk's weighted paths at once, in batches of at most this many

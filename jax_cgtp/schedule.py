@@ -136,15 +136,6 @@ WALK_TILE = 16  # edges per tile of a product's walk
 # warps stalled on instruction fetch), 0.86x on sevennet-l3-c32 (5,499), 0.98x on mace-l2-c128
 # (3,159), but 1.10x on nequip-l2-c32 (1,233) (H200, same process; results/nvidia-h200/z-apart).
 Z_WITH_BACKWARD_MAX_TERMS = 2048
-# The backward's sums through z̄ (codegen_joint._ThroughZ) declare each path's S_ij = pw C_ijk z̄_k
-# once up to sign (FOLD_CG_SIGNS) and in units of the magnitude most of them share
-# (FOLD_CG_MAGNITUDE), so that S = ±z̄_k needs no multiplication: 0.5-2% fewer SASS instructions in
-# the backward kernels of the public uvu configs. Both on against both off: conv_bwd 0.969x and
-# 0.971x on nequip-revmd17-benzene (float32, float64), 0.973x on sevennet-l3-c32 (float64),
-# 0.99-1.00x on the other configs; conv_dbwd 0.98-1.01x; the deterministic conv_bwd 0.97-1.016x
-# (H100, same process; benchmarks/results/nvidia-h100-80gb-hbm3/cg-folding/).
-FOLD_CG_SIGNS = True
-FOLD_CG_MAGNITUDE = True
 # They load the weights of a chunk's weighted paths at once, in batches of at most this many
 # registers (12 paths in float64), so that l <= 5 blocks (24 paths) do not spill.
 CHUNK_WEIGHT_REGISTERS = 24

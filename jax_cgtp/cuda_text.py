@@ -74,6 +74,15 @@ def cg_sums(nonzeros, key: int, factors, dtype: str) -> dict[int, str]:
     return {c: " + ".join(terms) for c, terms in sorted(sums.items())}
 
 
+def signed_sum(terms) -> str:
+    """The sum of ``(sign, product)`` terms, ``sign`` "+" or "-": ``a * b - c * d`` (a negated
+    product rounds to the negated rounding, so the sum is the one of the negated factors)."""
+    text = ""
+    for sign, product in terms:
+        text += (f"-{product}" if sign == "-" else product) if not text else f" {sign} {product}"
+    return text
+
+
 def emit_chunk_lanes(w: Writer, mul: int, chunk: str = "c") -> None:
     """``lc`` (the lane's channel), ``active`` (it exists) and ``nrows`` (the channels of the chunk)
     for 32-channel chunk ``chunk`` of ``mul`` channels; constants when ``mul`` is a multiple of 32."""

@@ -81,17 +81,27 @@ def test_fused_backward_of_spherical_harmonics_paths_is_one_joint_pass():
     assert kernel.joint is None  # other modes run output by output
 
 
-def test_fused_backward_multiplies_each_cg_coefficient_once_per_edge_and_chunk():
-    """x̄, ȳ and w̄ of a path share ``S_ij = sum_k pw C_ijk z̄_k``: each nonzero's coefficient is
-    one product, and w̄ is summed from x̄'s sums (``sum_i x_i q_y_z_i``)."""
+def test_fused_backward_multiplies_cg_coefficients_once_up_to_sign_and_common_magnitude():
+    """x̄, ȳ and w̄ of a path share ``S_ij = sum_k pw C_ijk z̄_k``, declared once up to sign, in units
+    of the magnitude most single-nonzero pairs share (``S = ±z̄_k``, no product): fewer products than
+    nonzeros, and w̄ is summed from x̄'s sums (``sum_i x_i q_y_z_i``) times that magnitude."""
     (kernel,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
     source = codegen.generate(kernel)
     paths = {p.ins_index: p for *_, block in kernel.joint.blocks for p in block}
+    products = 0
     for index, path in paths.items():
         body = source.split(f"// path {index}:")[1].split("// path ")[0]
-        assert len(re.findall(r"e[+-]\d\df \* ", body)) == len(path.nonzeros)
+        factors = [line.split(" = ")[1] for line in body.splitlines() if "const T s_z_" in line]
+        assert len({f.lstrip("-") for f in factors}) == len(factors)  # none repeats up to sign
+        assert "1.000000000e+00f" not in body
+        scaled = "const T wtu = " in body
+        count = len(re.findall(r"e[+-]\d\df \* ", body))
+        assert count == len(re.findall(r"e[+-]\d\df \* ", "".join(factors))) + 2 * scaled <= len(path.nonzeros)
+        products += count
         gradient = next(line for line in body.splitlines() if "out2[" in line and "=" in line)
         assert "q_y_z_0" in gradient and " * z_" not in gradient
+        assert ("f * (x_0 * q_y_z_0" in gradient) == scaled
+    assert products < 0.5 * sum(len(p.nonzeros) for p in paths.values())
 
 
 def diffdock_problem():

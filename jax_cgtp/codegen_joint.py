@@ -725,15 +725,21 @@ class _ThroughZ:
         self.unit = _common_magnitude(self.pairs) if path.w_offset is not None else 1.0
         # pair -> (sign, the pair whose S it reuses, or the k of S = ±Z_k)
         self.factor: dict[tuple[int, int], tuple[str, tuple[int, int] | int]] = {}
+        # the pairs whose S is declared -> its (k, coefficient in units of self.unit)
+        self.declared_sums: dict[tuple[int, int], list[tuple[int, float]]] = {}
         first: dict[tuple, tuple[int, int]] = {}
         for pair, ks in self.pairs.items():
             negative = ks[0][1] < 0 if FOLD_CG_SIGNS else False
             sign = "-" if negative else "+"
-            form = tuple((k, _rounded((-v if negative else v) / self.unit)) for k, v in ks)
+            scaled = [(k, (-v if negative else v) / self.unit) for k, v in ks]
+            form = tuple((k, _rounded(c)) for k, c in scaled)
             if len(form) == 1 and form[0][1] == 1.0:
                 self.factor[pair] = (sign, form[0][0])
-            else:
-                self.factor[pair] = (sign, first.setdefault(form, pair) if FOLD_CG_SIGNS else pair)
+                continue
+            source = first.setdefault(form, pair) if FOLD_CG_SIGNS else pair
+            self.factor[pair] = (sign, source)
+            if source == pair:
+                self.declared_sums[pair] = scaled
         self.declared: set[str] = set()
 
     def _declare(self, name: str, values: dict) -> None:
@@ -745,16 +751,11 @@ class _ThroughZ:
 
     def _contracted(self, z: str) -> str:
         name = f"s_{z}"
-        declared = {}
-        for (i, j), (sign, source) in self.factor.items():
-            if source == (i, j):
-                terms = []
-                for k, v in self.pairs[i, j]:
-                    c = (-v if sign == "-" else v) / self.unit
-                    product = f"{z}_{k}" if _rounded(abs(c)) == 1.0 else f"{literal(abs(c), self.dtype)} * {z}_{k}"
-                    terms.append(("-" if c < 0 else "+", product))
-                declared[f"{i}_{j}"] = signed_sum(terms)
-        self._declare(name, declared)
+        def product(k, c):
+            return f"{z}_{k}" if _rounded(abs(c)) == 1.0 else f"{literal(abs(c), self.dtype)} * {z}_{k}"
+
+        self._declare(name, {f"{i}_{j}": signed_sum(("-" if c < 0 else "+", product(k, c)) for k, c in scaled)
+                             for (i, j), scaled in self.declared_sums.items()})
         return name
 
     def has(self, key: int, operand: str, z: str) -> bool:

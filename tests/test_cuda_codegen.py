@@ -1,5 +1,6 @@
 """CUDA backend without a GPU: schedules, generated source, NVRTC compilation and the lowering."""
 
+import collections
 import dataclasses
 import os
 import re
@@ -102,6 +103,29 @@ def test_fused_backward_multiplies_cg_coefficients_once_up_to_sign_and_common_ma
         assert "q_y_z_0" in gradient and " * z_" not in gradient
         assert ("f * (x_0 * q_y_z_0" in gradient) == scaled
     assert products < 0.5 * sum(len(p.nonzeros) for p in paths.values())
+
+
+def test_forward_sums_cg_nonzeros_in_units_of_their_common_magnitude():
+    """z_k = sum_ij pw C_ijk x_i y_j with the magnitude v most of a path's nonzeros share folded into
+    the weight (``v * w``, once per path, named wtu where the backward's sums share it): a term of magnitude v is ``± x_i * y_j``, one FMA."""
+    (kernel,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
+    source = codegen.generate(kernel)
+    paths = {p.ins_index: p for *_, block in kernel.joint.blocks for p in block}
+    folded = 0
+    for index, path in paths.items():
+        body = source.split(f"// path {index}:")[1].split("// path ")[0]
+        sums = [line for line in body.splitlines() if re.match(r"\s*gz_\d+ \+= ", line)]
+        assert "1.000000000e+00f" not in body and "+ -" not in "".join(sums)
+        magnitudes = collections.Counter(f"{abs(c):.9f}" for *_, c in path.nonzeros)
+        v, most = magnitudes.most_common(1)[0]
+        scaled = re.search(r"const T (wt[uv]) = ", body)
+        assert bool(scaled) == (float(v) != 1.0 and most - magnitudes.get(f"{1.0:.9f}", 0) > 1)
+        products = len(re.findall(r"e[+-]\d\df \* [xy]_", "".join(sums)))
+        assert products == len(path.nonzeros) - (most if scaled or float(v) == 1.0 else magnitudes.get(f"{1.0:.9f}", 0))
+        weight = scaled[1] if scaled else "wt"
+        assert all(line.endswith(f" * {weight};") for line in sums)
+        folded += bool(scaled)
+    assert folded >= 5
 
 
 def diffdock_problem():

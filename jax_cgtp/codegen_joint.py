@@ -27,7 +27,11 @@ from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, JointPath
 FOLD_CG_SIGNS = True
 FOLD_CG_MAGNITUDE = True
 # The forward's sums z_k = sum_ij pw C_ijk x_i y_j run in units of the magnitude most of the path's
-# nonzeros share, their weight u * w, so that a term of that magnitude is one FMA (_PathCG.z_sums).
+# nonzeros share, with weight v * w, so that a term of that magnitude is one FMA (_PathCG.z_sums):
+# 1-6% fewer SASS instructions in the convolution forwards. On against off (H100, same process):
+# conv_fwd 0.97-1.00x on most uvu rows (geometric means 0.98-0.99x), and 1.026x on
+# nequip-revmd17-benzene's deterministic float64 one (a 16-byte spill); fwd 0.98-1.02x
+# (benchmarks/results/nvidia-h100-80gb-hbm3/fwd-folding/).
 FOLD_CG_FORWARD = True
 
 

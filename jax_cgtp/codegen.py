@@ -107,7 +107,7 @@ def generate(schedule: KernelSchedule) -> str:
     if schedule.writes_slice_chunk_rows:
         params += ["T* __restrict__ chunk_rows"]
     params += [f"const long long {name}" for name in scalar_names(schedule)]
-    bounds = f"{schedule.block}, 1" if schedule.roomy else f"{schedule.block}"  # schedule.ROOMY_WALK_TERMS
+    bounds = f"{schedule.block}, {schedule.min_blocks}" if schedule.min_blocks else f"{schedule.block}"
     w(f'extern "C" __global__ void __launch_bounds__({bounds}) {KERNEL_NAME}(')
     for n, p in enumerate(params):
         w("    " + p + ("," if n + 1 < len(params) else ") {"))

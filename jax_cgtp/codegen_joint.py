@@ -12,12 +12,12 @@ from it. :mod:`jax_cgtp.codegen` writes the kernel around it.
 from __future__ import annotations
 
 from .operands import BATCHED, INDEXED, SHARED
-from .cuda_text import (Writer, cg_sums, edge_ok, emit_chunk_lanes, emit_edge_header, emit_transposed_sum, lane_row,
+from .cuda_text import (Writer, edge_ok, emit_chunk_lanes, emit_edge_header, emit_transposed_sum, lane_row,
                         literal, owned_end, put, row_of, signed_sum, tile_value)
 from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, JointPath, KernelSchedule, ahead_slot,
                        stage_width)
 
-# The backward's sums through z̄ (_ThroughZ) declare each path's S_ij = pw C_ijk z̄_k
+# The backward's sums through z̄ (_PathCG) declare each path's S_ij = pw C_ijk z̄_k
 # once up to sign (FOLD_CG_SIGNS) and in units of the magnitude most of them share
 # (FOLD_CG_MAGNITUDE), so that S = ±z̄_k needs no multiplication: 0.5-2% fewer SASS instructions in
 # the backward kernels of the public uvu configs. Both on against both off: conv_bwd 0.969x and
@@ -26,6 +26,13 @@ from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, JointPath
 # (H100, same process; benchmarks/results/nvidia-h100-80gb-hbm3/cg-folding/).
 FOLD_CG_SIGNS = True
 FOLD_CG_MAGNITUDE = True
+# The forward's sums z_k = sum_ij pw C_ijk x_i y_j run in units of the magnitude most of the path's
+# nonzeros share, with weight v * w, so that a term of that magnitude is one FMA (_PathCG.z_sums):
+# 1-6% fewer SASS instructions in the convolution forwards. On against off (H100, same process):
+# conv_fwd 0.97-1.00x on most uvu rows (geometric means 0.98-0.99x), and 1.026x on
+# nequip-revmd17-benzene's deterministic float64 one (a 16-byte spill); fwd 0.98-1.02x
+# (benchmarks/results/nvidia-h100-80gb-hbm3/fwd-folding/).
+FOLD_CG_FORWARD = True
 
 
 def _emit_group_barrier(w: Writer, schedule: KernelSchedule) -> None:
@@ -656,25 +663,25 @@ def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, weigh
             staged = _emit_joint_chunk(w, schedule, "z", path.z_offset, path.z_dim, used[2])
         else:
             w(" ".join(f"const T z_{k} = {z_values[k]};" for k in used[2]))
-    through_z = _ThroughZ(w, path, schedule.dtype)
+    cg = _PathCG(w, path, schedule.dtype)
     if "z" in outs:
         accumulators = z_acc or [f"gz_{k}" for k in range(path.z_dim)]
         if z_acc is None:
             w(f"T {', '.join(f'{a} = T(0)' for a in accumulators)};")
-        for k, value in _path_sums(w, schedule, path, "z", through_z).items():
+        for k, value in _path_sums(w, schedule, path, "z", cg).items():
             w(f"{accumulators[k]} += {value};")
         if z_acc is None:
             _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim)
     if "x" in outs:
-        for i, value in _path_sums(w, schedule, path, "x", through_z).items():
+        for i, value in _path_sums(w, schedule, path, "x", cg).items():
             w(f"gx_{i} += {value};")
     if "y" in outs:
         n = joint.y_blocks.index((path.y_offset, path.y_dim))
-        for j, value in _path_sums(w, schedule, path, "y", through_z).items():
+        for j, value in _path_sums(w, schedule, path, "y", cg).items():
             w(f"gy{n}_{j} += {value};")
     if "w" in outs and path.w_offset is not None:
         out = schedule.outputs[outs["w"]]
-        gradient = _weight_gradient(schedule, path, through_z)
+        gradient = _weight_gradient(schedule, path, cg)
         if out.kind == SHARED:  # summed over the warp's edges (_summed_weight_paths)
             w(f"if (active) gw{path.ins_index} += {gradient};")
         else:
@@ -695,8 +702,13 @@ def _path_terms(joint, path: JointPath, role: str):
     return [t for t in joint.terms if t.role == role and (path.w_offset is not None or not t.weighted_only)]
 
 
-class _ThroughZ:
-    """One path's CG sums through a z̄ operand ``Z``, for the current edge and chunk.
+class _PathCG:
+    """One path's CG sums for the current edge and chunk: z's, and x̄'s, ȳ's and w̄'s through a z̄
+    operand ``Z``.
+
+    z's run over the nonzeros (:meth:`z_sums`), in units of the magnitude ``v`` most of them share
+    (:func:`_forward_magnitude`): a term of that magnitude is ``± X_i Y_j``, one FMA, and the
+    path's weight becomes ``v * w``.
 
     ``S_ij = sum_k pw C_ijk Z_k`` once per ``(i, j)`` pair of the path's nonzeros; then
     ``sum_j Y_j S_ij`` (by ``i``: x̄'s sum) and ``sum_i X_i S_ij`` (by ``j``: ȳ's). w̄ reuses
@@ -722,7 +734,10 @@ class _ThroughZ:
         self.pairs: dict[tuple[int, int], list[tuple[int, float]]] = {}
         for i, j, k, v in path.nonzeros:
             self.pairs.setdefault((i, j), []).append((k, v))
-        self.unit = _common_magnitude(self.pairs) if path.w_offset is not None else 1.0
+        weighted = path.w_offset is not None
+        self.nonzeros = path.nonzeros
+        self.unit = _common_magnitude(self.pairs) if weighted else 1.0
+        self.z_unit = _forward_magnitude(path.nonzeros) if weighted and FOLD_CG_FORWARD else 1.0
         # pair -> (sign, the pair whose S it reuses, or the k of S = ±Z_k)
         self.factor: dict[tuple[int, int], tuple[str, tuple[int, int] | int]] = {}
         # the pairs whose S is declared -> its (k, coefficient in units of self.unit)
@@ -781,14 +796,28 @@ class _ThroughZ:
         self._declare(name, {c: signed_sum(map(term, pairs)) for c, pairs in by_c.items()})
         return {c: f"{name}_{c}" for c in by_c}
 
-    def weight(self, wt: str) -> str:
-        """The weight register ``wt`` times ``self.unit`` (declared once), for x̄'s and ȳ's sums."""
-        if self.unit == 1.0:
+    def z_sums(self, x: str, y: str) -> dict[int, str]:
+        """``{k: sum_ij pw C_ijk x_i y_j}`` in units of ``self.z_unit``."""
+        terms: dict[int, list[tuple[str, str]]] = {}
+        for i, j, k, v in self.nonzeros:
+            c = v / self.z_unit
+            product = f"{x}_{i} * {y}_{j}"
+            if _rounded(abs(c)) != 1.0:
+                product = f"{literal(abs(c), self.dtype)} * {product}"
+            terms.setdefault(k, []).append(("-" if c < 0 else "+", product))
+        return {k: signed_sum(t) for k, t in sorted(terms.items())}
+
+    def weight(self, wt: str, role: str) -> str:
+        """The weight register ``wt`` times the unit of output ``role``'s sums (declared once):
+        ``self.z_unit`` for z, ``self.unit`` for x̄ and ȳ."""
+        unit = self.z_unit if role == "z" else self.unit
+        if unit == 1.0:
             return wt
-        if f"{wt}u" not in self.declared:
-            self.declared.add(f"{wt}u")
-            self.w(f"const T {wt}u = {literal(self.unit, self.dtype)} * {wt};")
-        return f"{wt}u"
+        name = f"{wt}u" if unit == self.unit else f"{wt}v"
+        if name not in self.declared:
+            self.declared.add(name)
+            self.w(f"const T {name} = {literal(unit, self.dtype)} * {wt};")
+        return name
 
     def scaled(self, value: str) -> str:
         """``value``, a sum in units of ``self.unit``, in plain units."""
@@ -796,19 +825,32 @@ class _ThroughZ:
 
 
 def _common_magnitude(pairs) -> float:
-    """The magnitude ``u`` shared by the most single-nonzero pairs, when dividing their sums by it
-    saves more multiplications than the two it adds (``u * w`` and ``u * w̄``); else 1."""
+    """The magnitude ``u`` of the most single-nonzero pairs, when dividing their sums by it saves
+    more multiplications than the two it adds (``u * w`` and ``u * w̄``); else 1."""
+    if not FOLD_CG_MAGNITUDE:
+        return 1.0
+    return _shared_magnitude([ks[0][1] for ks in pairs.values() if len(ks) == 1], added=2)
+
+
+def _forward_magnitude(nonzeros) -> float:
+    """The magnitude ``v`` of the most nonzeros, when dividing the path's z sums by it saves more
+    multiplications than the one it adds (``v * w``); else 1."""
+    return _shared_magnitude([nz[3] for nz in nonzeros], added=1)
+
+
+def _shared_magnitude(coefficients, added: int) -> float:
+    """The magnitude most of ``coefficients`` have, if more of them have it than have magnitude 1
+    plus ``added`` (the multiplications that scaling by it adds); else 1."""
     counts: dict[float, int] = {}
     exact: dict[float, float] = {}  # a coefficient of each rounded magnitude
-    for ks in pairs.values():
-        if len(ks) == 1:
-            magnitude = _rounded(abs(ks[0][1]))
-            counts[magnitude] = counts.get(magnitude, 0) + 1
-            exact.setdefault(magnitude, abs(ks[0][1]))
-    if not FOLD_CG_MAGNITUDE or not counts:
+    for c in coefficients:
+        magnitude = _rounded(abs(c))
+        counts[magnitude] = counts.get(magnitude, 0) + 1
+        exact.setdefault(magnitude, abs(c))
+    if not counts:
         return 1.0
     unit = max(counts, key=lambda u: (counts[u], u == 1.0))
-    return exact[unit] if counts[unit] - counts.get(1.0, 0) > 2 else 1.0
+    return exact[unit] if counts[unit] - counts.get(1.0, 0) > added else 1.0
 
 
 def _rounded(value: float) -> float:
@@ -818,14 +860,14 @@ def _rounded(value: float) -> float:
 
 
 def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str,
-               through_z: _ThroughZ) -> dict[int, str]:
+               cg: _PathCG) -> dict[int, str]:
     """``{component: value}`` that ``path`` adds to output ``role`` (x, y or z) for this edge.
 
     A term is its weight times the sum of ``pw C a b`` over the CG nonzeros, ``a`` and ``b`` its
     two other operands. Terms that read the same input of ``a`` (the operand with fewer inputs:
     z̄ for x̄ and ȳ) are added before the CG sum: ``sum_t weight_t b_t`` is declared once per
     group (``m{role}{n}_c``), so a group costs one CG sum instead of one per term. x̄ and ȳ sum
-    through z̄ (``through_z``); z sums its nonzeros directly.
+    through z̄ (``cg``); z sums its nonzeros directly.
     """
     joint = schedule.joint
     terms = [_term_names(joint, t) for t in _path_terms(joint, path, role)]
@@ -835,7 +877,7 @@ def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str,
         if path.w_offset is None:
             return ""
         wt = f"wt{names['w'][1:]}"
-        return f" * {wt if role == 'z' else through_z.weight(wt)}"
+        return f" * {cg.weight(wt, role)}"
 
     groups: dict[str, list[dict[str, str]]] = {}
     for names in terms:
@@ -849,28 +891,27 @@ def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str,
             for c in used:
                 w(f"const T m{role}{n}_{c} = {' + '.join(f'{names[other]}_{c}{weight(names)}' for names in group)};")
         if role == "z":
-            formats = tuple("" if r == role else factors[r] + "_{}" for r in "xyz")
-            for c, products in cg_sums(path.nonzeros, "xyz".index(role), formats, schedule.dtype).items():
+            for c, products in cg.z_sums(factors["x"], factors["y"]).items():
                 sums.setdefault(c, []).append(f"({products}){scale}")
         else:
             key = "xy".index(role)
-            for c, value in through_z.sums(key, factors["yx"[key]], factors["z"]).items():
+            for c, value in cg.sums(key, factors["yx"[key]], factors["z"]).items():
                 sums.setdefault(c, []).append(f"{value}{scale}")
     return {c: " + ".join(values) for c, values in sorted(sums.items())}
 
 
-def _weight_gradient(schedule: KernelSchedule, path: JointPath, through_z: _ThroughZ) -> str:
+def _weight_gradient(schedule: KernelSchedule, path: JointPath, cg: _PathCG) -> str:
     """The lane's w̄ of ``path`` for this edge: per term, ``pw C * x * y * z`` over the CG nonzeros,
     summed through z̄ with whichever of x̄'s and ȳ's sums the path already has."""
     joint = schedule.joint
     parts = []
     for term in _path_terms(joint, path, "w"):
         x, y, z = (_term_names(joint, term)[r] for r in "xyz")
-        if through_z.has(1, x, z) and not through_z.has(0, y, z):
-            parts += [f"{y}_{j} * {p}" for j, p in through_z.sums(1, x, z).items()]
+        if cg.has(1, x, z) and not cg.has(0, y, z):
+            parts += [f"{y}_{j} * {p}" for j, p in cg.sums(1, x, z).items()]
         else:
-            parts += [f"{x}_{i} * {q}" for i, q in through_z.sums(0, y, z).items()]
-    return through_z.scaled(" + ".join(parts))
+            parts += [f"{x}_{i} * {q}" for i, q in cg.sums(0, y, z).items()]
+    return cg.scaled(" + ".join(parts))
 
 
 def _emit_joint_chunk(w: Writer, schedule: KernelSchedule, role: str, offset: int, dim: int, comps,

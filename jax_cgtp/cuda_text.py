@@ -67,11 +67,11 @@ def cg_sums(nonzeros, key: int, factors, dtype: str) -> dict[int, str]:
     """``{c: sum of pw C * a * b}`` over the CG nonzeros ``(i, j, k, pw C)`` whose ``key`` index
     (0 i, 1 j, 2 k) is ``c``; the two other indices name the factors ``a`` and ``b`` through
     ``factors`` (a format per index, e.g. ``"x_{}"``; the ``key`` one unused)."""
-    sums: dict[int, list[str]] = {}
+    sums: dict[int, list[tuple[str, str]]] = {}
     for nz in nonzeros:
         product = " * ".join(f.format(nz[n]) for n, f in enumerate(factors) if n != key)
-        sums.setdefault(nz[key], []).append(f"{literal(nz[3], dtype)} * {product}")
-    return {c: " + ".join(terms) for c, terms in sorted(sums.items())}
+        sums.setdefault(nz[key], []).append(("-" if nz[3] < 0 else "+", f"{literal(abs(nz[3]), dtype)} * {product}"))
+    return {c: signed_sum(terms) for c, terms in sorted(sums.items())}
 
 
 def signed_sum(terms) -> str:

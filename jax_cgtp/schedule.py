@@ -221,6 +221,11 @@ LOCKSTEP_WARPS = ((800, 4), (2048, 8))
 # 1.01-1.07x on mace-l2-c128's bwd and conv_bwd (1,053), and 1.24x on the deterministic
 # lockstep conv_bwd of nequip-revmd17-benzene (benchmarks/results/nvidia-h200/full-chunks/).
 ROOMY_WALK_TERMS = 1100
+# A float32 forward walk in groups of paths (_registers_ahead: l5-c32's, 168 registers) is compiled
+# with GROUPED_FORWARD_BLOCKS blocks of 128 threads per SM as ptxas' occupancy target (at most 170
+# registers): its sums in units of a path's common magnitude (codegen_joint.FOLD_CG_FORWARD) took
+# 225 registers at ptxas' own target, 8 warps per SM instead of 12, and 1.16x the time (H100).
+GROUPED_FORWARD_BLOCKS = 3
 # The convolution's forward walk loads each edge's x chunk and weights AHEAD_DEPTH edges ahead,
 # copied asynchronously (cp.async) into a ring of AHEAD_DEPTH + 1 shared-memory slots per warp (0:
 # the next edge into registers, as the other walks do). The registers that held the next edge's
@@ -474,8 +479,9 @@ class KernelSchedule:
     ahead: int = 0
     # bytes per lane of the ring's copies where a block allows them (:meth:`ring_copy_width`; 0: elements)
     ahead_copy_bytes: int = 0
-    # ptxas aims at one block per SM, not at its own register target (ROOMY_WALK_TERMS)
-    roomy: bool = False
+    # the blocks per SM ptxas aims at, not its own register target (0: its own; 1: ROOMY_WALK_TERMS,
+    # GROUPED_FORWARD_BLOCKS)
+    min_blocks: int = 0
     # a walk over sorted runs that walks at most this many edges of each run (0: all); the launches
     # after it add the rest (``beyond_cap``: OWNED_RUN_CAP; ``chunk_walk``, ``chunk_sum``: RUN_CHUNK)
     run_cap: int = 0
@@ -914,11 +920,15 @@ def _lockstep_warps(joint: JointPass | None) -> int:
     return max((warps for terms, warps in LOCKSTEP_WARPS if joint.cg_terms > terms), default=0)
 
 
-def _roomy(joint: JointPass | None, lockstep: int) -> bool:
-    """Whether a launch keeps the registers its code needs (ROOMY_WALK_TERMS): a free-running walk
-    of long code."""
-    return (joint is not None and joint.walk and not lockstep
-            and ROOMY_WALK_TERMS < joint.cg_terms <= WALK_TERMS)
+def _min_blocks(joint: JointPass | None, lockstep: int, registers_ahead: bool) -> int:
+    """The blocks per SM ptxas aims at for a launch (0: its own target): one for a free-running walk
+    of long code, which keeps the registers its code needs (ROOMY_WALK_TERMS);
+    GROUPED_FORWARD_BLOCKS for a float32 forward walk in groups of paths."""
+    if joint is None or not joint.walk or lockstep:
+        return 0
+    if registers_ahead:
+        return GROUPED_FORWARD_BLOCKS
+    return 1 if ROOMY_WALK_TERMS < joint.cg_terms <= WALK_TERMS else 0
 
 
 def kernel_groups(call: Call) -> list[tuple[list[int], str | None]]:
@@ -1121,7 +1131,7 @@ def _chunked(kernel: KernelSchedule, chunk: int) -> list[KernelSchedule]:
     walk = dataclasses.replace(kernel, lockstep=False, warps_per_block=1, chunk_walk=chunk)
     total = dataclasses.replace(kernel, outputs=owned, slots=(), stage_sizes=(), transpose_size=0, joint=None,
                                 stream=None, edge_sums_size=0, lockstep=False, ahead=0, ahead_copy_bytes=0,
-                                roomy=False, warps_per_block=WARPS_PER_BLOCK, chunk_sum=chunk)
+                                min_blocks=0, warps_per_block=WARPS_PER_BLOCK, chunk_sum=chunk)
     return [dataclasses.replace(kernel, run_cap=chunk), walk, total]
 
 
@@ -1193,7 +1203,8 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
         lockstep = _lockstep_warps(joint) if own_runs else 0
         forward_walk = joint is not None and joint.by_destination and dict(joint.outputs).keys() == {"z"}
         depth = OWNED_AHEAD_DEPTH if own_runs else AHEAD_DEPTH
-        ahead = depth if forward_walk and not lockstep and not _registers_ahead(joint, itemsize) else 0
+        registers_ahead = forward_walk and _registers_ahead(joint, itemsize)
+        ahead = depth if forward_walk and not lockstep and not registers_ahead else 0
         if joint is not None:
             stage_y = joint.walk and bool(joint.reads("y")) and call.kind("y") == BATCHED
             z_lane_writes = any(o.lane_writes for o in outputs)
@@ -1216,7 +1227,7 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
             lockstep=bool(lockstep),
             ahead=ahead,
             ahead_copy_bytes=AHEAD_COPY_BYTES if ahead else 0,
-            roomy=_roomy(joint, lockstep),
+            min_blocks=_min_blocks(joint, lockstep, registers_ahead),
         )
         kernel = _fit_shared_memory(kernel)
         if edges is not None and joint is None and stream is None:

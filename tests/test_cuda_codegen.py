@@ -1,5 +1,6 @@
 """CUDA backend without a GPU: schedules, generated source, NVRTC compilation and the lowering."""
 
+import collections
 import dataclasses
 import os
 import re
@@ -102,6 +103,29 @@ def test_fused_backward_multiplies_cg_coefficients_once_up_to_sign_and_common_ma
         assert "q_y_z_0" in gradient and " * z_" not in gradient
         assert ("f * (x_0 * q_y_z_0" in gradient) == scaled
     assert products < 0.5 * sum(len(p.nonzeros) for p in paths.values())
+
+
+def test_forward_sums_cg_nonzeros_in_units_of_their_common_magnitude():
+    """z_k = sum_ij pw C_ijk x_i y_j with the magnitude v most of a path's nonzeros share folded into
+    the weight (``v * w``, once per path, named wtu where the backward's sums share it): a term of magnitude v is ``± x_i * y_j``, one FMA."""
+    (kernel,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
+    source = codegen.generate(kernel)
+    paths = {p.ins_index: p for *_, block in kernel.joint.blocks for p in block}
+    folded = 0
+    for index, path in paths.items():
+        body = source.split(f"// path {index}:")[1].split("// path ")[0]
+        sums = [line for line in body.splitlines() if re.match(r"\s*gz_\d+ \+= ", line)]
+        assert "1.000000000e+00f" not in body and "+ -" not in "".join(sums)
+        magnitudes = collections.Counter(f"{abs(c):.9f}" for *_, c in path.nonzeros)
+        v, most = magnitudes.most_common(1)[0]
+        scaled = re.search(r"const T (wt[uv]) = ", body)
+        assert bool(scaled) == (float(v) != 1.0 and most - magnitudes.get(f"{1.0:.9f}", 0) > 1)
+        products = len(re.findall(r"e[+-]\d\df \* [xy]_", "".join(sums)))
+        assert products == len(path.nonzeros) - (most if scaled or float(v) == 1.0 else magnitudes.get(f"{1.0:.9f}", 0))
+        weight = scaled[1] if scaled else "wt"
+        assert all(line.endswith(f" * {weight};") for line in sums)
+        folded += bool(scaled)
+    assert folded >= 5
 
 
 def diffdock_problem():
@@ -276,7 +300,7 @@ def test_only_the_convolution_forward_looks_ahead_through_a_ring(dtype):
     """The forward by destination stages its x rows in the look-ahead ring (no ``stage_x``) of
     ``AHEAD_DEPTH + 1`` slots (``OWNED_AHEAD_DEPTH + 1`` when deterministic), each the widest
     block's 32 x rows and weights, but in float32 not when it walks in groups of paths (long
-    code); the product's walk and the convolution's backward keep the next edge in registers."""
+    code: it keeps the next edge in registers, at GROUPED_FORWARD_BLOCKS blocks per SM); the product's walk and the convolution's backward keep the next edge in registers."""
     problem = mace_problem()
     conv = (INDEXED, BATCHED, BATCHED, INDEXED)
     for deterministic, depth in ((False, schedule.AHEAD_DEPTH), (True, schedule.OWNED_AHEAD_DEPTH)):
@@ -296,6 +320,9 @@ def test_only_the_convolution_forward_looks_ahead_through_a_ring(dtype):
     (grouped,) = schedule.plan(forward_call(long_code, conv, rows=(10, None, None, 10)), dtype, "int")
     assert grouped.joint.cg_terms > schedule.GROUPED_TERMS_BY_DESTINATION
     assert grouped.ahead == (0 if dtype == "float" else schedule.AHEAD_DEPTH)
+    assert grouped.min_blocks == (schedule.GROUPED_FORWARD_BLOCKS if dtype == "float" else 0)
+    if dtype == "float":  # ptxas' occupancy target: GROUPED_FORWARD_BLOCKS blocks per SM
+        assert f"__launch_bounds__(128, {schedule.GROUPED_FORWARD_BLOCKS})" in codegen.generate(grouped)
 
 
 @pytest.mark.parametrize("dtype, batches", [("float", [19]), ("double", [12, 7])])
@@ -795,9 +822,9 @@ def test_free_running_walks_of_long_code_keep_their_registers(planned_with):
     }
     planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
     kernels["det_src_conv_bwd"] = schedule.plan(backward_call(problem, *conv, deterministic=True), "float", "int")
-    roomy = {name: [k.roomy for k in launched] for name, launched in kernels.items()}
-    assert roomy == {"bwd": [True], "conv_bwd": [True], "conv_fwd": [False], "det_conv_bwd": [True, False],
-                     "mace_bwd": [False], "det_src_conv_bwd": [False]}
+    blocks = {name: [k.min_blocks for k in launched] for name, launched in kernels.items()}
+    assert blocks == {"bwd": [1], "conv_bwd": [1], "conv_fwd": [0], "det_conv_bwd": [1, 0],
+                      "mace_bwd": [0], "det_src_conv_bwd": [0]}
     assert kernels["det_src_conv_bwd"][0].lockstep
     assert "__launch_bounds__(128, 1)" in codegen.generate(kernels["bwd"][0])
     assert "__launch_bounds__(128) " in codegen.generate(kernels["conv_fwd"][0])

@@ -82,16 +82,21 @@ def test_fused_backward_of_spherical_harmonics_paths_is_one_joint_pass():
     assert kernel.joint is None  # other modes run output by output
 
 
+def joint_path_bodies(call):
+    """``(path, its generated code)`` for each path of ``call``'s one joint kernel (float32)."""
+    (kernel,) = schedule.plan(call, "float", "int")
+    source = codegen.generate(kernel)
+    paths = [p for *_, block in kernel.joint.blocks for p in block]
+    return [(p, source.split(f"// path {p.ins_index}:")[1].split("// path ")[0]) for p in paths]
+
+
 def test_fused_backward_multiplies_cg_coefficients_once_up_to_sign_and_common_magnitude():
     """x̄, ȳ and w̄ of a path share ``S_ij = sum_k pw C_ijk z̄_k``, declared once up to sign, in units
     of the magnitude most single-nonzero pairs share (``S = ±z̄_k``, no product): fewer products than
     nonzeros, and w̄ is summed from x̄'s sums (``sum_i x_i q_y_z_i``) times that magnitude."""
-    (kernel,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
-    source = codegen.generate(kernel)
-    paths = {p.ins_index: p for *_, block in kernel.joint.blocks for p in block}
+    bodies = joint_path_bodies(backward_call(mace_problem(), (BATCHED,) * 4))
     products = 0
-    for index, path in paths.items():
-        body = source.split(f"// path {index}:")[1].split("// path ")[0]
+    for path, body in bodies:
         factors = [line.split(" = ")[1] for line in body.splitlines() if "const T s_z_" in line]
         assert len({f.lstrip("-") for f in factors}) == len(factors)  # none repeats up to sign
         assert "1.000000000e+00f" not in body
@@ -102,18 +107,15 @@ def test_fused_backward_multiplies_cg_coefficients_once_up_to_sign_and_common_ma
         gradient = next(line for line in body.splitlines() if "out2[" in line and "=" in line)
         assert "q_y_z_0" in gradient and " * z_" not in gradient
         assert ("f * (x_0 * q_y_z_0" in gradient) == scaled
-    assert products < 0.5 * sum(len(p.nonzeros) for p in paths.values())
+    assert products < 0.5 * sum(len(path.nonzeros) for path, _ in bodies)
 
 
 def test_forward_sums_cg_nonzeros_in_units_of_their_common_magnitude():
     """z_k = sum_ij pw C_ijk x_i y_j with the magnitude v most of a path's nonzeros share folded into
-    the weight (``v * w``, once per path, named wtu where the backward's sums share it): a term of magnitude v is ``± x_i * y_j``, one FMA."""
-    (kernel,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
-    source = codegen.generate(kernel)
-    paths = {p.ins_index: p for *_, block in kernel.joint.blocks for p in block}
+    the weight (``v * w``, once per path, named wtu where the backward's sums share it): a term of
+    magnitude v is ``± x_i * y_j``, one FMA."""
     folded = 0
-    for index, path in paths.items():
-        body = source.split(f"// path {index}:")[1].split("// path ")[0]
+    for path, body in joint_path_bodies(forward_call(mace_problem(), (BATCHED,) * 4)):
         sums = [line for line in body.splitlines() if re.match(r"\s*gz_\d+ \+= ", line)]
         assert "1.000000000e+00f" not in body and "+ -" not in "".join(sums)
         magnitudes = collections.Counter(f"{abs(c):.9f}" for *_, c in path.nonzeros)

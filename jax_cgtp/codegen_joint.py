@@ -867,7 +867,7 @@ def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str,
     two other operands. Terms that read the same input of ``a`` (the operand with fewer inputs:
     z̄ for x̄ and ȳ) are added before the CG sum: ``sum_t weight_t b_t`` is declared once per
     group (``m{role}{n}_c``), so a group costs one CG sum instead of one per term. x̄ and ȳ sum
-    through z̄ (``cg``); z sums its nonzeros directly.
+    through z̄, and z over the nonzeros in units of their common magnitude (``cg``).
     """
     joint = schedule.joint
     terms = [_term_names(joint, t) for t in _path_terms(joint, path, role)]

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import codegen, nvrtc, schedule
+from . import codegen, nvrtc, partitioning, schedule
 from .call import Call, num_edges, output_shape
 from .operands import INDEXED, SHARED
 
@@ -314,7 +314,11 @@ def outputs(reference_outputs):
     return outputs_on_gpu
 
 
-def _calls_in(jaxpr):
+def _calls_in(jaxpr, parts: dict):
+    """``(call, dtype, index type, edges)`` of each ``cgtp`` call in ``jaxpr`` and the jaxprs inside
+    it. ``parts``: how many parts jit's partitioner splits the leading axis of a variable into (by
+    ``id``; a sharded argument's, and its name inside calls it is passed to; 1 where absent), so that
+    a call split across devices is planned for each device's edges."""
     for eqn in jaxpr.eqns:
         backend = eqn.params.get("backend")
         if eqn.primitive.name == "cgtp" and backend != "reference" and not runs_on_xla(eqn.params["call"], backend):
@@ -322,12 +326,15 @@ def _calls_in(jaxpr):
             call = eqn.params["call"]
             indices = [v.aval for v in eqn.invars[call.num_inputs :]]
             edges = num_edges(call, [v.aval.shape for v in eqn.invars])
+            edges = partitioning.local_edges(call, edges, [parts.get(id(v), 1) for v in eqn.invars])
             yield call, dtype, common_index_dtype(indices)[1], edges
         for param in eqn.params.values():
             for sub in param if isinstance(param, (tuple, list)) else (param,):
                 inner = getattr(sub, "jaxpr", sub)  # a closed jaxpr's, or a jaxpr (shard_map's, local shapes)
                 if hasattr(inner, "eqns"):
-                    yield from _calls_in(inner)
+                    passed = eqn.primitive.name != "shard_map" and len(inner.invars) == len(eqn.invars)
+                    yield from _calls_in(inner, {id(i): parts.get(id(o), 1) for i, o in zip(inner.invars, eqn.invars)}
+                                         if passed else {})
 
 
 def planned_kernels(fun, *args) -> list[schedule.KernelSchedule]:
@@ -336,14 +343,18 @@ def planned_kernels(fun, *args) -> list[schedule.KernelSchedule]:
 
     Tracing alone finds the calls (derivatives included); calls whose results are unused are
     dropped first, as ``jax.jit`` drops them (the forward of a function that returns only
-    gradients). ``args`` may be arrays or ``jax.ShapeDtypeStruct``; no GPU is needed.
+    gradients). ``args`` may be arrays or ``jax.ShapeDtypeStruct``; no GPU is needed. Arguments
+    sharded over mesh axes of type Auto (their ``sharding``) split the calls they reach across the
+    devices (:mod:`jax_cgtp.partitioning`): those are planned for each device's edges.
     """
     from jax._src.interpreters import partial_eval as pe
 
     jaxpr = jax.make_jaxpr(fun)(*args).jaxpr
+    parts = {id(v): partitioning.leading_parts(getattr(a, "sharding", None))
+             for v, a in zip(jaxpr.invars, jax.tree.leaves(args))}
     jaxpr, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
     kernels = []
-    for call, dtype, index_ctype, edges in _calls_in(jaxpr):
+    for call, dtype, index_ctype, edges in _calls_in(jaxpr, parts):
         kernels += _with_later_slices(_plan(call, kernel_dtype(dtype), index_ctype, edges), edges)
     return kernels
 

@@ -31,7 +31,7 @@ import os
 
 import jax
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .call import Call
 from .graph import sort_edges
@@ -175,6 +175,30 @@ def across_devices(call: Call, outputs_of, backend: str):
                       decode_shardings=False, **options)
     start = len(arg_layouts)
     return lambda *args: run(*args[:start])
+
+
+def leading_parts(sharding) -> int:
+    """How many parts ``sharding``, an argument's given to ``jax.jit``, splits its leading axis into
+    over mesh axes of type Auto (1: none, or not a ``NamedSharding``)."""
+    if not isinstance(sharding, NamedSharding) or not len(sharding.spec) or sharding.spec[0] is None:
+        return 1
+    axes = sharding.spec[0] if isinstance(sharding.spec[0], tuple) else (sharding.spec[0],)
+    types = dict(zip(sharding.mesh.axis_names, sharding.mesh.axis_types))
+    if any(types[axis] != AxisType.Auto for axis in axes):
+        return 1
+    return math.prod(sharding.mesh.shape[axis] for axis in axes)
+
+
+def local_edges(call: Call, edges: int, parts) -> int:
+    """The edges each device's part of ``call`` walks under :func:`across_devices`, given the
+    ``parts`` its flat arguments' leading axes are split into: the first split per-edge operand's,
+    if they divide ``edges`` (else the call runs whole)."""
+    if not enabled():
+        return edges
+    for (layout, _), split in zip(argument_layouts(call), parts):
+        if layout == EDGES and split > 1:
+            return edges if edges % split else edges // split
+    return edges
 
 
 def _leading_axes(sharding, mesh) -> tuple:

@@ -9,6 +9,7 @@ from family_members import spherical_harmonics_pair
 from random_problems import e3nn_tensor_product, random_problem
 
 import jax_cgtp
+from jax_cgtp import partitioning
 from jax_cgtp.cuda_lowering import planned_kernels
 from jax_cgtp.problem import MODES
 
@@ -106,6 +107,32 @@ def test_planned_kernels_are_found_inside_shard_map_with_each_devices_shapes():
     inside = planned_kernels(step, x, *stacked)
     alone = planned_kernels(lambda *a: local(x, *(b[:1] for b in a)), *stacked)
     assert inside and inside == alone
+
+
+def test_planned_kernels_of_calls_that_jit_splits_across_devices_are_each_devices(planned_with):
+    """Under ``jax.jit`` over a graph's edges sharded across two devices (a mesh axis of type Auto),
+    each call runs on each device's edges (:mod:`jax_cgtp.partitioning`): ``planned_kernels``, and
+    so ``precompile``, plans those 40 edges, not the graph's 80. Here the deterministic backward
+    walks in slices of 40 edges: the graph's in two (a later slice's variant of the walk too), each
+    device's in one. With ``JAX_CGTP_PARTITIONING=0`` every device runs the whole call."""
+    from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
+
+    conv, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(6), conv, 6, 80, False)
+    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=40 * conv.irreps_in1.dim * x.dtype.itemsize)
+
+    def step(x, y, w, src, dst):
+        return jax.grad(lambda x: jnp.sum(conv(x, y, w, src, dst, 6) ** 2))(x)
+
+    mesh = AbstractMesh((2,), ("edges",), axis_types=(AxisType.Auto,))
+    placed = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
+              for a, spec in zip((x, y, w, src, dst), ((), ("edges",), ("edges",), ("edges",), ("edges",)))]
+    halves = [x] + [a[:40] for a in (y, w, src, dst)]
+    split, whole, alone = (planned_kernels(step, *args) for args in (placed, (x, y, w, src, dst), halves))
+    assert split == alone and split != whole
+    assert any(k.slice_walk for k in whole) and len(whole) > len(alone)
+    with partitioning.switched(False):
+        assert planned_kernels(step, *placed) == whole
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])

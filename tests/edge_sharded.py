@@ -22,6 +22,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 import jax_cgtp
+from jax_cgtp import cuda_lowering
 from jax_cgtp.partitioning import switched
 from data_parallel import EDGES, INSTRUCTIONS, IRREPS_X, IRREPS_Y, inputs, step
 from family_members import relative_error
@@ -65,7 +66,9 @@ def report(devices=None, dtype=jnp.float64, backend="auto") -> dict:
     the all-gathers and the arrays of every edge's rows (``all_edge_arrays``: shapes whose leading
     dimension is the edge count); whether the calls were lowered for XLA to split
     (``partitioned``; ``partitioned_when_off``: the same with ``JAX_CGTP_PARTITIONING=0``), and
-    whether two sharded runs agree bitwise (``repeatable``)."""
+    whether two sharded runs agree bitwise (``repeatable``). On the kernels (``backend="cuda"``), also
+    the kernels that compiling the sharded function builds after ``precompile`` of it
+    (``beyond_precompile``: none, if it planned each device's edges)."""
     devices = list(devices or jax.devices())
     result = {"devices": [str(d) for d in devices]}
     references = _runs(devices, dtype, "reference")
@@ -86,7 +89,20 @@ def report(devices=None, dtype=jnp.float64, backend="auto") -> dict:
             "repeatable": all(np.array_equal(a, b) for a, b in zip(leaves(sharded), leaves(fun(*placed)))),
             "partitioned_when_off": _lowered_when_off(run, placed),
         }
+        if backend == "cuda":
+            result[name]["beyond_precompile"] = _compiled_beyond_precompile(run, placed)
     return result
+
+
+def _compiled_beyond_precompile(run, placed) -> int:
+    """How many kernels compiling ``run`` over ``placed`` (a fresh function, XLA's partitioner
+    splitting its calls) builds after :func:`~jax_cgtp.cuda_lowering.precompile` of it, with the
+    kernel caches emptied first."""
+    cuda_lowering.clear_kernel_caches()
+    cuda_lowering.precompile(run, *placed)
+    before = cuda_lowering._kernel_image.cache_info().currsize
+    jax.jit(lambda *a: run(*a)).lower(*placed).compile()
+    return cuda_lowering._kernel_image.cache_info().currsize - before
 
 
 def _lowered_when_off(run, placed) -> bool:

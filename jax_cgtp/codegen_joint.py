@@ -766,10 +766,7 @@ class _PathCG:
 
     def _contracted(self, z: str) -> str:
         name = f"s_{z}"
-        def product(k, c):
-            return f"{z}_{k}" if _rounded(abs(c)) == 1.0 else f"{literal(abs(c), self.dtype)} * {z}_{k}"
-
-        self._declare(name, {f"{i}_{j}": signed_sum(("-" if c < 0 else "+", product(k, c)) for k, c in scaled)
+        self._declare(name, {f"{i}_{j}": signed_sum(_signed_term(c, f"{z}_{k}", self.dtype) for k, c in scaled)
                              for (i, j), scaled in self.declared_sums.items()})
         return name
 
@@ -800,11 +797,7 @@ class _PathCG:
         """``{k: sum_ij pw C_ijk x_i y_j}`` in units of ``self.z_unit``."""
         terms: dict[int, list[tuple[str, str]]] = {}
         for i, j, k, v in self.nonzeros:
-            c = v / self.z_unit
-            product = f"{x}_{i} * {y}_{j}"
-            if _rounded(abs(c)) != 1.0:
-                product = f"{literal(abs(c), self.dtype)} * {product}"
-            terms.setdefault(k, []).append(("-" if c < 0 else "+", product))
+            terms.setdefault(k, []).append(_signed_term(v / self.z_unit, f"{x}_{i} * {y}_{j}", self.dtype))
         return {k: signed_sum(t) for k, t in sorted(terms.items())}
 
     def weight(self, wt: str, role: str) -> str:
@@ -851,6 +844,13 @@ def _shared_magnitude(coefficients, added: int) -> float:
         return 1.0
     unit = max(counts, key=lambda u: (counts[u], u == 1.0))
     return exact[unit] if counts[unit] - counts.get(1.0, 0) > added else 1.0
+
+
+def _signed_term(c: float, factors: str, dtype: str) -> tuple[str, str]:
+    """``c * factors`` as a ``(sign, product)`` term of :func:`~jax_cgtp.cuda_text.signed_sum`, with
+    no literal where ``|c|`` is 1."""
+    product = factors if _rounded(abs(c)) == 1.0 else f"{literal(abs(c), dtype)} * {factors}"
+    return "-" if c < 0 else "+", product
 
 
 def _rounded(value: float) -> float:

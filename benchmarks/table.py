@@ -94,6 +94,20 @@ def memory_table(rows: list[dict], libraries: list[str]) -> list[str]:
     return _render(header, body)
 
 
+def _unmeasured(report: dict) -> list[str]:
+    """The runs' skipped groups ("config dtype phase,phase"), less the phases that a row of the
+    report has (a merged report takes those rows from other runs)."""
+    measured = {(row["config"], row["dtype"], row["phase"]) for row in report["rows"]}
+    unmeasured = []
+    for meta in report["runs"]:
+        for skipped in meta.get("skipped", []):
+            config, dtype, phases = skipped.rsplit(" ", 2)
+            left = [phase for phase in phases.split(",") if (config, dtype, phase) not in measured]
+            if left:
+                unmeasured.append(f"{config} {dtype} {','.join(left)}")
+    return list(dict.fromkeys(unmeasured))
+
+
 def notes(report: dict) -> list[str]:
     lines = ["Libraries:"]
     for lib, info in report["libraries"].items():
@@ -105,9 +119,7 @@ def notes(report: dict) -> list[str]:
                 "XLA ops only in some phases (the reference path)" if max(calls) > 0 else
                 "XLA ops only (the reference path)")
         lines.append(f"  {MAIN} ran on: {path}")
-    for meta in report["runs"]:
-        for skipped in meta.get("skipped", []):
-            lines.append(f"  not measured (time budget of the run spent): {skipped}")
+    lines += [f"  not measured (time budget of the run spent): {skipped}" for skipped in _unmeasured(report)]
     seen = set()
     for row in report["rows"]:
         for lib, result in row["results"].items():

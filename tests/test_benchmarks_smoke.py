@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # the repository root: benchmarks/
 
-from benchmarks import configs, cost, edge_sharding, inputs, phases, problems, report, run  # noqa: E402
+from benchmarks import configs, cost, edge_sharding, inputs, phases, problems, report, run, table  # noqa: E402
 from benchmarks.peers import LIBRARIES  # noqa: E402
 import jax_cgtp  # noqa: E402
 from jax_cgtp import nvrtc  # noqa: E402
@@ -98,6 +98,16 @@ def test_merging_two_reports_keeps_every_row_and_run(smoke, tmp_path):
     assert len(merged["runs"]) == 2 and len(merged["rows"]) == 2 * len(result["rows"])
     assert {row["run"] for row in merged["rows"]} == {0, 1}
     assert "bench.json" in report.write(merged, tmp_path, with_plots=False)["json"]
+
+
+def test_merged_table_lists_as_not_measured_only_phases_that_no_row_has(smoke):
+    result, _ = smoke
+    row = result["rows"][0]
+    cut_short = {**result, "runs": [{**result["runs"][0], "skipped": [f"{row['config']} {row['dtype']} {row['phase']},bogus"]}],
+                 "rows": []}
+    text = table.render(report.merge([cut_short, result]))
+    assert text.count("not measured") == 1
+    assert f"not measured (time budget of the run spent): {row['config']} {row['dtype']} bogus" in text
 
 
 def test_compare_gives_each_later_report_over_the_base_row_by_row(smoke, tmp_path, capsys):

@@ -773,6 +773,10 @@ class _PathCG:
     def has(self, key: int, operand: str, z: str) -> bool:
         return self._name(key, operand, z) in self.declared
 
+    def width(self, key: int) -> int:
+        """How many sums :meth:`sums` returns for ``key``: the distinct i (0) or j (1) of the pairs."""
+        return len({pair[key] for pair in self.pairs})
+
     @staticmethod
     def _name(key: int, operand: str, z: str) -> str:
         return f"{'qp'[key]}_{operand}_{z}"
@@ -902,12 +906,14 @@ def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str,
 
 def _weight_gradient(schedule: KernelSchedule, path: JointPath, cg: _PathCG) -> str:
     """The lane's w̄ of ``path`` for this edge: per term, ``pw C * x * y * z`` over the CG nonzeros,
-    summed through z̄ with whichever of x̄'s and ȳ's sums the path already has."""
+    summed through z̄ as ``sum_i x_i q_i`` (x̄'s sums) or ``sum_j y_j p_j`` (ȳ's): of those the path
+    already has, the one of fewer sums (a ``1o x 0e -> 1o`` path: ``y_0 p_0``, not ``sum_i x_i q_i``)."""
     joint = schedule.joint
     parts = []
     for term in _path_terms(joint, path, "w"):
         x, y, z = (_term_names(joint, term)[r] for r in "xyz")
-        if cg.has(1, x, z) and not cg.has(0, y, z):
+        have = [key for key, operand in ((0, y), (1, x)) if cg.has(key, operand, z)]
+        if min(have or (0, 1), key=cg.width) == 1:
             parts += [f"{y}_{j} * {p}" for j, p in cg.sums(1, x, z).items()]
         else:
             parts += [f"{x}_{i} * {q}" for i, q in cg.sums(0, y, z).items()]

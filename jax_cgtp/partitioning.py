@@ -141,13 +141,10 @@ def across_devices(call: Call, outputs_of, backend: str):
         return jax.jit(ordered)(*args)
 
     def edge_axes(mesh, arg_shapes):
-        """The mesh axes the edges are split over: the first sharded per-edge operand's, if they
-        divide the edge count (None: not split)."""
-        for shape, (layout, _) in zip(arg_shapes, arg_layouts):
-            axes = _leading_axes(shape.sharding, mesh) if layout == EDGES else None
-            if axes:
-                return None if shape.shape[0] % math.prod(mesh.shape[a] for a in axes) else axes
-        return None
+        """The mesh axes the edges are split over (None: not split)."""
+        edges = next((shape.shape[0] for shape, (layout, _) in zip(arg_shapes, arg_layouts) if layout == EDGES), 0)
+        return _first_split(arg_layouts, [_leading_axes(shape.sharding, mesh) for shape in arg_shapes], edges,
+                            lambda axes: math.prod(mesh.shape[a] for a in axes))
 
     def shardings(mesh, axes, layouts):
         return tuple(NamedSharding(mesh, PartitionSpec(axes if layout == EDGES else None, *(None,) * (rank - 1)))
@@ -191,14 +188,19 @@ def leading_parts(sharding) -> int:
 
 def local_edges(call: Call, edges: int, parts) -> int:
     """The edges each device's part of ``call`` walks under :func:`across_devices`, given the
-    ``parts`` its flat arguments' leading axes are split into: the first split per-edge operand's,
-    if they divide ``edges`` (else the call runs whole)."""
-    if not enabled():
-        return edges
-    for (layout, _), split in zip(argument_layouts(call), parts):
-        if layout == EDGES and split > 1:
-            return edges if edges % split else edges // split
-    return edges
+    ``parts`` its flat arguments' leading axes are split into (:func:`_first_split`)."""
+    split = _first_split(argument_layouts(call), parts, edges, int) if enabled() else None
+    return edges // split if split else edges
+
+
+def _first_split(layouts, splits, edges: int, size):
+    """The split (``splits[n]``, into ``size(splits[n])`` parts) of the first per-edge argument whose
+    leading axis is split into more than one part, if that divides ``edges``; else None (the call
+    runs whole on every device). :func:`across_devices` and :func:`local_edges` agree through it."""
+    for (layout, _), split in zip(layouts, splits):
+        if layout == EDGES and size(split) > 1:
+            return None if edges % size(split) else split
+    return None
 
 
 def _leading_axes(sharding, mesh) -> tuple:

@@ -114,7 +114,8 @@ def test_planned_kernels_of_calls_that_jit_splits_across_devices_are_each_device
     each call runs on each device's edges (:mod:`jax_cgtp.partitioning`): ``planned_kernels``, and
     so ``precompile``, plans those 40 edges, not the graph's 80. Here the deterministic backward
     walks in slices of 40 edges: the graph's in two (a later slice's variant of the walk too), each
-    device's in one. With ``JAX_CGTP_PARTITIONING=0`` every device runs the whole call."""
+    device's in one. Over three devices, which do not divide the edges, and with
+    ``JAX_CGTP_PARTITIONING=0``, every device runs the whole call."""
     from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
     conv, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
@@ -124,12 +125,16 @@ def test_planned_kernels_of_calls_that_jit_splits_across_devices_are_each_device
     def step(x, y, w, src, dst):
         return jax.grad(lambda x: jnp.sum(conv(x, y, w, src, dst, 6) ** 2))(x)
 
-    mesh = AbstractMesh((2,), ("edges",), axis_types=(AxisType.Auto,))
-    placed = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
-              for a, spec in zip((x, y, w, src, dst), ((), ("edges",), ("edges",), ("edges",), ("edges",)))]
+    def placed_on(devices):
+        mesh = AbstractMesh((devices,), ("edges",), axis_types=(AxisType.Auto,))
+        return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
+                for a, spec in zip((x, y, w, src, dst), ((), ("edges",), ("edges",), ("edges",), ("edges",)))]
+
+    placed = placed_on(2)
     halves = [x] + [a[:40] for a in (y, w, src, dst)]
     split, whole, alone = (planned_kernels(step, *args) for args in (placed, (x, y, w, src, dst), halves))
     assert split == alone and split != whole
+    assert planned_kernels(step, *placed_on(3)) == whole  # 3 parts do not divide 80 edges: the call runs whole
     assert any(k.slice_walk for k in whole) and len(whole) > len(alone)
     with partitioning.switched(False):
         assert planned_kernels(step, *placed) == whole

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .operands import BATCHED, INDEXED, SHARED
 from .cuda_text import (Writer, edge_ok, emit_chunk_lanes, emit_edge_header, emit_transposed_sum, lane_row,
-                        literal, owned_end, put, row_of, signed_sum, tile_value)
+                        literal, owned_end, put, rounded, row_of, signed_sum, signed_term, tile_value)
 from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, JointPath, KernelSchedule, ahead_slot,
                        stage_width)
 
@@ -747,7 +747,7 @@ class _PathCG:
             negative = ks[0][1] < 0 if FOLD_CG_SIGNS else False
             sign = "-" if negative else "+"
             scaled = [(k, (-v if negative else v) / self.unit) for k, v in ks]
-            form = tuple((k, _rounded(c)) for k, c in scaled)
+            form = tuple((k, rounded(c)) for k, c in scaled)
             if len(form) == 1 and form[0][1] == 1.0:
                 self.factor[pair] = (sign, form[0][0])
                 continue
@@ -766,7 +766,7 @@ class _PathCG:
 
     def _contracted(self, z: str) -> str:
         name = f"s_{z}"
-        self._declare(name, {f"{i}_{j}": signed_sum(_signed_term(c, f"{z}_{k}", self.dtype) for k, c in scaled)
+        self._declare(name, {f"{i}_{j}": signed_sum(signed_term(c, f"{z}_{k}", self.dtype) for k, c in scaled)
                              for (i, j), scaled in self.declared_sums.items()})
         return name
 
@@ -801,7 +801,7 @@ class _PathCG:
         """``{k: sum_ij pw C_ijk x_i y_j}`` in units of ``self.z_unit``."""
         terms: dict[int, list[tuple[str, str]]] = {}
         for i, j, k, v in self.nonzeros:
-            terms.setdefault(k, []).append(_signed_term(v / self.z_unit, f"{x}_{i} * {y}_{j}", self.dtype))
+            terms.setdefault(k, []).append(signed_term(v / self.z_unit, f"{x}_{i} * {y}_{j}", self.dtype))
         return {k: signed_sum(t) for k, t in sorted(terms.items())}
 
     def weight(self, wt: str, role: str) -> str:
@@ -841,26 +841,13 @@ def _shared_magnitude(coefficients, added: int) -> float:
     counts: dict[float, int] = {}
     exact: dict[float, float] = {}  # a coefficient of each rounded magnitude
     for c in coefficients:
-        magnitude = _rounded(abs(c))
+        magnitude = rounded(abs(c))
         counts[magnitude] = counts.get(magnitude, 0) + 1
         exact.setdefault(magnitude, abs(c))
     if not counts:
         return 1.0
     unit = max(counts, key=lambda u: (counts[u], u == 1.0))
     return exact[unit] if counts[unit] - counts.get(1.0, 0) > added else 1.0
-
-
-def _signed_term(c: float, factors: str, dtype: str) -> tuple[str, str]:
-    """``c * factors`` as a ``(sign, product)`` term of :func:`~jax_cgtp.cuda_text.signed_sum`, with
-    no literal where ``|c|`` is 1."""
-    product = factors if _rounded(abs(c)) == 1.0 else f"{literal(abs(c), dtype)} * {factors}"
-    return "-" if c < 0 else "+", product
-
-
-def _rounded(value: float) -> float:
-    """``value`` to 12 significant digits: CG coefficients that are equal in exact arithmetic differ
-    in their last bits, and so would ``v / u`` from 1."""
-    return float(f"{value:.12g}")
 
 
 def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str,

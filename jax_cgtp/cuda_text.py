@@ -70,8 +70,21 @@ def cg_sums(nonzeros, key: int, factors, dtype: str) -> dict[int, str]:
     sums: dict[int, list[tuple[str, str]]] = {}
     for nz in nonzeros:
         product = " * ".join(f.format(nz[n]) for n, f in enumerate(factors) if n != key)
-        sums.setdefault(nz[key], []).append(("-" if nz[3] < 0 else "+", f"{literal(abs(nz[3]), dtype)} * {product}"))
+        sums.setdefault(nz[key], []).append(signed_term(nz[3], product, dtype))
     return {c: signed_sum(terms) for c, terms in sorted(sums.items())}
+
+
+def signed_term(c: float, factors: str, dtype: str) -> tuple[str, str]:
+    """``c * factors`` as a ``(sign, product)`` term of :func:`signed_sum`, with no literal where
+    ``|c|`` is 1."""
+    product = factors if rounded(abs(c)) == 1.0 else f"{literal(abs(c), dtype)} * {factors}"
+    return "-" if c < 0 else "+", product
+
+
+def rounded(value: float) -> float:
+    """``value`` to 12 significant digits: CG coefficients that are equal in exact arithmetic differ
+    in their last bits, and so would ``v / u`` from 1."""
+    return float(f"{value:.12g}")
 
 
 def signed_sum(terms) -> str:

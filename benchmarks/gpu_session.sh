@@ -11,6 +11,8 @@
 #   --dtype LIST     [BENCH_DTYPES]   default: float32,float64
 #   --libs LIST      [BENCH_LIBS]     default: jax_cgtp,e3nn,cueq,oeq
 #   --tag NAME       [BENCH_TAG]      suffix of the result files (default: from phases/configs/dtypes)
+#                    (named rows alone, not every config x phase x dtype: no --phases, --configs or
+#                    --dtype, and -- --rows CONFIG:PHASE:DTYPE,... for benchmarks.run)
 #   --skip-tests     [SKIP_TESTS=1]   do not run pytest -m gpu
 #   --skip-bench     [SKIP_BENCH=1]   set up (and test) only
 #   --pytest-args S  [PYTEST_ARGS]    pytest arguments of the main test run (default tests/test_gpu.py),

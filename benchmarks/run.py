@@ -6,7 +6,7 @@ Example (the whole public suite on a GPU)::
         --dtype float32,float64 --libs jax_cgtp,e3nn,cueq,oeq
 
 One process measures the device's ceilings (:mod:`benchmarks.ceilings`), then for every config,
-dtype and phase times every library on the same inputs after checking its results against
+dtype and phase (or for the rows that ``--rows config:phase:dtype,...`` names) times every library on the same inputs after checking its results against
 jax_cgtp's (:mod:`benchmarks.measure`), and writes ``bench[-TAG].json``, ``bench[-TAG].txt``,
 ``speedup[-TAG].png`` and ``roofline[-TAG].png`` to ``--out`` (default
 ``benchmarks/results/<device>/``; the JSON and text are rewritten after every group of rows, so
@@ -25,7 +25,7 @@ import time
 
 import jax
 
-from . import ceilings, configs, environment, measure, metrics, problems, report, table
+from . import ceilings, configs, environment, measure, metrics, phases, problems, report, table
 from .inputs import GRAPHS
 from .peers import LIBRARIES, OPTIONAL_LIBRARIES, Missing, adapter
 from .settings import apply_option
@@ -40,9 +40,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--suite", default=None, choices=sorted(configs.SUITES),
                         help="config suite (default: public, or smoke with --smoke)")
     parser.add_argument("--configs", type=_list, default=None, help="comma-separated config names (overrides --suite)")
-    parser.add_argument("--phases", type=_list, default=list(configs.PHASES),
+    parser.add_argument("--phases", type=_list, default=None,
                         help=f"default {','.join(configs.PHASES)}; also {','.join(configs.OPTIONAL_PHASES)}")
-    parser.add_argument("--dtype", type=_list, default=list(configs.DTYPES))
+    parser.add_argument("--dtype", type=_list, default=None, help=f"default {','.join(configs.DTYPES)}")
+    parser.add_argument("--rows", type=_list, default=None, metavar="CONFIG:PHASE:DTYPE,...",
+                        help="these rows alone, in this order (instead of --suite, --configs, --phases and --dtype)")
     parser.add_argument("--libs", type=_list, default=list(LIBRARIES),
                         help=f"default {','.join(LIBRARIES)}; also {','.join(OPTIONAL_LIBRARIES)}")
     parser.add_argument("--edges-float32", type=int, default=None, help=f"default {configs.EDGES['float32']}")
@@ -65,6 +67,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "--variant takes them (recorded in the report)")
     args = parser.parse_args(argv)
     apply_option(parser, "--set", args.set)
+    if args.rows is not None:
+        _take_rows(parser, args)
+    args.phases = args.phases or list(configs.PHASES)
+    args.dtype = args.dtype or list(configs.DTYPES)
     for name, values, allowed in (("--phases", args.phases, configs.ALL_PHASES), ("--dtype", args.dtype, configs.DTYPES),
                                   ("--libs", args.libs, LIBRARIES + OPTIONAL_LIBRARIES)):
         unknown = [v for v in values if v not in allowed]
@@ -78,6 +84,35 @@ def parse_args(argv=None) -> argparse.Namespace:
     if "jax_cgtp" not in args.libs:
         args.libs.insert(0, "jax_cgtp")  # the reference of the checks and of the speedups
     return args
+
+
+def _take_rows(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``args.rows`` as ``(config, phase, dtype)`` triples; the configs, phases and dtypes they name."""
+    given = [name for name in ("suite", "configs", "phases", "dtype") if getattr(args, name) is not None]
+    if given:
+        parser.error(f"--rows names every row: drop --{', --'.join(given)}")
+    rows = [tuple(row.split(":")) for row in args.rows]
+    malformed = [":".join(row) for row in rows if len(row) != 3]
+    if malformed or not rows:
+        parser.error(f"--rows: expected config:phase:dtype, comma-separated; got {malformed or 'none'}")
+    for row in rows:
+        for label, value, allowed in zip(("config", "phase", "dtype"), row,
+                                         (configs.CONFIGS, configs.ALL_PHASES, configs.DTYPES)):
+            if value not in allowed:
+                parser.error(f"--rows: unknown {label} {value!r} in {':'.join(row)}; choose from {list(allowed)}")
+    args.rows = rows
+    args.configs, args.phases, args.dtype = ([*dict.fromkeys(row[n] for row in rows)] for n in range(3))
+
+
+def measured_groups(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
+    """``(config, dtype, phases)`` of each group of rows the run measures, in order: one config and
+    dtype, the product's phases and the convolution's apart (they take different inputs). The rows of
+    ``--rows``, else every config, dtype and phase."""
+    rows = args.rows or [(c, p, d) for c in args.configs for d in args.dtype for p in args.phases]
+    groups: dict[tuple[str, str, bool], list[str]] = {}
+    for config, phase, dtype in rows:
+        groups.setdefault((config, dtype, phases.is_conv(phase)), []).append(phase)
+    return [(config, dtype, group) for (config, dtype, _), group in groups.items()]
 
 
 def library_status(libraries) -> dict:
@@ -140,21 +175,19 @@ def main(argv=None) -> dict:
 
     result = {"schema": report.SCHEMA, "runs": [meta], "libraries": availability, "rows": []}
     out = args.out or default_out(meta["device"], args.smoke)
-    plain = [p for p in args.phases if not p.startswith("conv_")]
-    conv = [p for p in args.phases if p.startswith("conv_")]
     meta["skipped"] = []
     start = time.monotonic()
-    for config in args.configs:
-        tp = problems.build(config, backend=backend)
-        for dtype in args.dtype:
-            for group in (plain, conv):
-                if group and args.time_budget is not None and time.monotonic() - start > args.time_budget:
-                    meta["skipped"].append(f"{config} {dtype} {','.join(group)}")
-                    print(f"time budget spent: skipping {meta['skipped'][-1]}", flush=True)
-                elif group:
-                    keep = _keeper(result, meta, out, args.tag)
-                    keep(measure.measure_group(tp, config, dtype, group, args.libs, availability,
-                                               options, protocol, edges[dtype], keep=keep))
+    products = {}
+    for config, dtype, group in measured_groups(args):
+        if args.time_budget is not None and time.monotonic() - start > args.time_budget:
+            meta["skipped"].append(f"{config} {dtype} {','.join(group)}")
+            print(f"time budget spent: skipping {meta['skipped'][-1]}", flush=True)
+            continue
+        if config not in products:
+            products[config] = problems.build(config, backend=backend)
+        keep = _keeper(result, meta, out, args.tag)
+        keep(measure.measure_group(products[config], config, dtype, group, args.libs, availability,
+                                   options, protocol, edges[dtype], keep=keep))
 
     paths = report.write(result, out, args.tag, with_plots=not args.no_plots)
     print()

@@ -237,6 +237,30 @@ def test_run_applies_and_records_the_settings_it_is_given(tmp_path, planned_with
         run.parse_args(["--set", "jax_cgtp.schedule.OWNED_AHEAD_DEPT=1"])
 
 
+def test_rows_measure_exactly_the_rows_named_in_their_order(tmp_path, capsys):
+    """``--rows`` measures the named rows alone, grouped by config and dtype (the product's phases
+    and the convolution's apart), and refuses malformed rows or a mix with the cross-product options."""
+    named = ["tiny-uvw:conv_fwd:float64", "tiny-uvu:bwd:float32", "tiny-uvw:fwd:float64", "tiny-uvu:fwd:float32"]
+    args = run.parse_args(["--rows", ",".join(named)])
+    assert run.measured_groups(args) == [("tiny-uvw", "float64", ["conv_fwd"]), ("tiny-uvu", "float32", ["bwd", "fwd"]),
+                                         ("tiny-uvw", "float64", ["fwd"])]
+    assert (args.configs, args.phases, args.dtype) == (["tiny-uvw", "tiny-uvu"], ["conv_fwd", "bwd", "fwd"],
+                                                       ["float64", "float32"])
+    result = run.main(["--smoke", "--rows", ",".join(named[:2]), "--libs", "jax_cgtp", "--out", str(tmp_path),
+                       "--no-plots"])
+    assert [(r["config"], r["phase"], r["dtype"]) for r in result["rows"]] == [("tiny-uvw", "conv_fwd", "float64"),
+                                                                             ("tiny-uvu", "bwd", "float32")]
+    everything = run.parse_args(["--configs", "tiny-uvu", "--dtype", "float32", "--phases", "conv_fwd,fwd"])
+    assert run.measured_groups(everything) == [("tiny-uvu", "float32", ["conv_fwd"]), ("tiny-uvu", "float32", ["fwd"])]
+    for bad, message in ((["--rows", "tiny-uvu:fwd"], "expected config:phase:dtype"),
+                         (["--rows", "tiny-uvu:fwd:float32", "--dtype", "float64"], "drop --dtype"),
+                         (["--rows", "tiny-uvu:fwd:float16"], "unknown dtype 'float16' in tiny-uvu:fwd:float16"),
+                         (["--rows", "nope:fwd:float32"], "unknown config 'nope'")):
+        with pytest.raises(SystemExit):
+            run.parse_args(bad)
+        assert message in capsys.readouterr().err
+
+
 def test_ab_times_each_variant_of_a_setting_on_the_same_row(tmp_path):
     from benchmarks import ab
 

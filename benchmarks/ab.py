@@ -5,7 +5,8 @@ A setting assigns module attributes of jax_cgtp's code generator or scheduler, e
     python -m benchmarks.ab --configs mace-l2-c128 --phases conv_fwd,conv_bwd --dtype float32 \\
         --variant base: --variant wide:jax_cgtp.schedule.WALK_GROUP_TERMS=2048 --rounds 6
 
-For each row (config, phase, dtype) the inputs are drawn once. Each variant's phase is compiled
+For each row (config, phase, dtype: every one of ``--configs``, ``--phases`` and ``--dtype``, or those
+``--rows config:phase:dtype,...`` names) the inputs are drawn once. Each variant's phase is compiled
 with its assignments in force (JAX's caches and jax_cgtp's kernel caches cleared first, so its
 kernels are generated anew), then the variants are timed in turn, ``--rounds`` times: each
 round times every variant once (per-call ms of calls queued back to back, as ``benchmarks.run``
@@ -27,7 +28,7 @@ from jax_cgtp import cuda_lowering
 from . import configs, timing
 from .inputs import GRAPHS
 from .profile import phase_and_arguments
-from .run import _list
+from .run import _list, take_rows
 from .settings import check_assignments, parse_assignments
 
 
@@ -91,9 +92,11 @@ def format_table(rows, names) -> str:
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", type=_list, required=True)
-    parser.add_argument("--phases", type=_list, required=True)
-    parser.add_argument("--dtype", type=_list, default=["float32"])
+    parser.add_argument("--configs", type=_list, default=None)
+    parser.add_argument("--phases", type=_list, default=None)
+    parser.add_argument("--dtype", type=_list, default=None, help="default float32")
+    parser.add_argument("--rows", type=_list, default=None, metavar="CONFIG:PHASE:DTYPE,...",
+                        help="these rows alone, in this order (instead of --configs, --phases and --dtype)")
     parser.add_argument("--variant", action="append", required=True, help="NAME:module.ATTR=VALUE;... (repeat)")
     parser.add_argument("--lib", default="jax_cgtp", choices=["jax_cgtp", "jax_cgtp_det", "jax_cgtp_graph"],
                         help="jax_cgtp_det: the deterministic convolution; jax_cgtp_graph: the atomic one given a sorted graph")
@@ -104,6 +107,12 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--calls", type=int, default=timing.PIPELINE_CALLS, help="calls per queued batch")
     parser.add_argument("--json", default=None, help="write every round's times here (again after each row)")
     args = parser.parse_args(argv)
+    if args.rows is not None:
+        take_rows(parser, args, ("configs", "phases", "dtype"))
+    elif args.configs is None or args.phases is None:
+        parser.error("give --configs and --phases, or --rows")
+    else:
+        args.rows = [(c, p, d) for c in args.configs for d in args.dtype or ["float32"] for p in args.phases]
     jax.config.update("jax_enable_x64", True)
     try:
         variants = [parse_variant(v) for v in args.variant]
@@ -115,16 +124,14 @@ def main(argv=None) -> list[dict]:
     if len(set(names)) != len(names):
         parser.error(f"--variant names must differ, got {names}")
     rows = []
-    for config in args.configs:
-        for dtype in args.dtype:
-            for phase in args.phases:
-                rows.append(measure_row(config, phase, dtype, variants, args.rounds, args.calls, args.lib, args.edges,
-                                        args.graph, args.shared_weights))
-                print(format_table(rows[-1:], names).splitlines()[-1], flush=True)
-                if args.json:  # after every row, so that a run stopped by a time limit keeps what it measured
-                    with open(args.json, "w") as f:
-                        json.dump({"variants": args.variant, "device": str(jax.devices()[0].device_kind), "rows": rows},
-                                  f, indent=1)
+    for config, phase, dtype in args.rows:
+        rows.append(measure_row(config, phase, dtype, variants, args.rounds, args.calls, args.lib, args.edges,
+                                args.graph, args.shared_weights))
+        print(format_table(rows[-1:], names).splitlines()[-1], flush=True)
+        if args.json:  # after every row, so that a run stopped by a time limit keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"variants": args.variant, "device": str(jax.devices()[0].device_kind), "rows": rows},
+                          f, indent=1)
     print(format_table(rows, names))
     return rows
 

@@ -68,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     apply_option(parser, "--set", args.set)
     if args.rows is not None:
-        _take_rows(parser, args)
+        take_rows(parser, args, ("suite", "configs", "phases", "dtype"))
     args.phases = args.phases or list(configs.PHASES)
     args.dtype = args.dtype or list(configs.DTYPES)
     for name, values, allowed in (("--phases", args.phases, configs.ALL_PHASES), ("--dtype", args.dtype, configs.DTYPES),
@@ -86,9 +86,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _take_rows(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """``args.rows`` as ``(config, phase, dtype)`` triples; the configs, phases and dtypes they name."""
-    given = [name for name in ("suite", "configs", "phases", "dtype") if getattr(args, name) is not None]
+def take_rows(parser: argparse.ArgumentParser, args: argparse.Namespace, instead_of) -> None:
+    """``args.rows`` (``--rows config:phase:dtype,...``) as ``(config, phase, dtype)`` triples, and
+    ``args.configs``, ``args.phases`` and ``args.dtype`` the ones they name; a parser error where a
+    row is malformed or names an unknown value, or where an option of ``instead_of`` is given too."""
+    given = [name for name in instead_of if getattr(args, name) is not None]
     if given:
         parser.error(f"--rows names every row: drop --{', --'.join(given)}")
     rows = [tuple(row.split(":")) for row in args.rows]

@@ -268,7 +268,11 @@ def test_ab_times_each_variant_of_a_setting_on_the_same_row(tmp_path):
                     "--variant", "base:", "--variant", "plain:jax_cgtp.schedule.WALK_TILE=8"])
     rows += ab.main(["--configs", "tiny-uvu", "--phases", "conv_bwd", "--edges", "1600", "--graph", "spatial",
                      "--shared-weights", "--rounds", "1", "--calls", "2", "--variant", "base:"])
-    row, spatial = rows
+    rows += ab.main(["--rows", "tiny-uvw:fwd:float64,tiny-uvu:bwd:float32", "--edges", "64", "--rounds", "1",
+                     "--calls", "2", "--variant", "base:"])
+    row, spatial, *named = rows
+    assert [(r["config"], r["phase"], r["dtype"]) for r in named] == [("tiny-uvw", "fwd", "float64"),
+                                                                    ("tiny-uvu", "bwd", "float32")]
     assert row["edges"] == 64 and [len(row["ms"][n]) for n in ("base", "plain")] == [2, 2]
     assert all(ms > 0 for times in row["ms"].values() for ms in times)
     assert (row["graph"], spatial["graph"], spatial["edges"]) == ("random", "spatial", 1600)
@@ -283,6 +287,9 @@ def test_ab_times_each_variant_of_a_setting_on_the_same_row(tmp_path):
     for bad in ("nameless", ":jax_cgtp.schedule.WALK_TILE=8", "x:WALK_TILE=8", "x:jax_cgtp.schedule.NOT_THERE=1"):
         with pytest.raises(SystemExit):
             ab.main(["--configs", "tiny-uvu", "--phases", "fwd", "--variant", bad])
+    for rows in (["--configs", "tiny-uvu"], ["--rows", "tiny-uvu:fwd:float32", "--phases", "fwd"]):
+        with pytest.raises(SystemExit):
+            ab.main(rows + ["--variant", "b:"])
 
 
 def test_double_backward_rows_against_their_two_call_floor(smoke, capsys):

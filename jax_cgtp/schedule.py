@@ -103,7 +103,7 @@ EDGE_Y_REGISTERS = 16
 # A convolution's pass always walks; it splits its x blocks into groups of at most
 # WALK_GROUP_TERMS_BY_DESTINATION above GROUPED_TERMS_BY_DESTINATION (groups made
 # nequip-revmd17-benzene's conv_bwd, 3,666 terms, 1.21x slower in float32).
-# Since the backward's terms sum through z̄ (codegen_joint._ThroughZ), the atomic backward (x̄ added
+# Since the backward's terms sum through z̄ (codegen_joint._PathCG), the atomic backward (x̄ added
 # atomically by src) of l5-c32 walks best in groups of WIDE_GROUP_TERMS_BY_DESTINATION: its fused
 # backward took 14.2, 4.3, 4.0, 6.6 and 13.4 ms in float32 with groups of 512, 768, 1,024, 1,536
 # and 2,048 terms, and 15.5, 4.7 and 4.4 ms in float64 with 512, 768 and 1,024. The double

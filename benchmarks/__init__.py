@@ -9,3 +9,10 @@ the phase (:mod:`benchmarks.cost`) and the fraction of the measured memory and c
 (:mod:`benchmarks.ceilings`) that each library reaches. ``python -m benchmarks.report`` redraws
 the table and plots from saved JSON files.
 """
+
+import os
+
+# JAX takes 75% of a GPU's memory by default; the peers' temporaries on the largest rows do not fit
+# it after the rows before them (cuEq's and e3nn-jax's 7.4 GiB on nequip-revmd17-benzene's fwd, H100).
+# Every benchmark process asks for 90%, as gpu_session.sh does for everything it runs, unless set.
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.90")

@@ -28,7 +28,7 @@ from jax_cgtp import cuda_lowering
 from . import configs, timing
 from .inputs import GRAPHS
 from .profile import phase_and_arguments
-from .run import _list, take_rows
+from .run import _list, named_rows, take_rows
 from .settings import check_assignments, parse_assignments
 
 
@@ -111,8 +111,7 @@ def main(argv=None) -> list[dict]:
         take_rows(parser, args, ("configs", "phases", "dtype"))
     elif args.configs is None or args.phases is None:
         parser.error("give --configs and --phases, or --rows")
-    else:
-        args.rows = [(c, p, d) for c in args.configs for d in args.dtype or ["float32"] for p in args.phases]
+    args.dtype = args.dtype or ["float32"]
     jax.config.update("jax_enable_x64", True)
     try:
         variants = [parse_variant(v) for v in args.variant]
@@ -124,7 +123,7 @@ def main(argv=None) -> list[dict]:
     if len(set(names)) != len(names):
         parser.error(f"--variant names must differ, got {names}")
     rows = []
-    for config, phase, dtype in args.rows:
+    for config, phase, dtype in named_rows(args):
         rows.append(measure_row(config, phase, dtype, variants, args.rounds, args.calls, args.lib, args.edges,
                                 args.graph, args.shared_weights))
         print(format_table(rows[-1:], names).splitlines()[-1], flush=True)

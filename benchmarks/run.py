@@ -6,8 +6,9 @@ Example (the whole public suite on a GPU)::
         --dtype float32,float64 --libs jax_cgtp,e3nn,cueq,oeq
 
 One process measures the device's ceilings (:mod:`benchmarks.ceilings`), then for every config,
-dtype and phase (or for the rows that ``--rows config:phase:dtype,...`` names) times every library on the same inputs after checking its results against
-jax_cgtp's (:mod:`benchmarks.measure`), and writes ``bench[-TAG].json``, ``bench[-TAG].txt``,
+dtype and phase (or for the rows that ``--rows config:phase:dtype,...`` names) times every library
+on the same inputs after checking its results against jax_cgtp's (:mod:`benchmarks.measure`), and
+writes ``bench[-TAG].json``, ``bench[-TAG].txt``,
 ``speedup[-TAG].png`` and ``roofline[-TAG].png`` to ``--out`` (default
 ``benchmarks/results/<device>/``; the JSON and text are rewritten after every group of rows, so
 a run cut short keeps what it measured). ``--smoke`` runs tiny sizes on the reference backend with
@@ -106,13 +107,17 @@ def take_rows(parser: argparse.ArgumentParser, args: argparse.Namespace, instead
     args.configs, args.phases, args.dtype = ([*dict.fromkeys(row[n] for row in rows)] for n in range(3))
 
 
+def named_rows(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """``(config, phase, dtype)`` of each row to measure: those of ``--rows`` (:func:`take_rows`),
+    else every config, dtype and phase, in that order."""
+    return args.rows or [(c, p, d) for c in args.configs for d in args.dtype for p in args.phases]
+
+
 def measured_groups(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
-    """``(config, dtype, phases)`` of each group of rows the run measures, in order: one config and
-    dtype, the product's phases and the convolution's apart (they take different inputs). The rows of
-    ``--rows``, else every config, dtype and phase."""
-    rows = args.rows or [(c, p, d) for c in args.configs for d in args.dtype for p in args.phases]
+    """``(config, dtype, phases)`` of each group of :func:`named_rows`, in order: one config and
+    dtype, the product's phases and the convolution's apart (they take different inputs)."""
     groups: dict[tuple[str, str, bool], list[str]] = {}
-    for config, phase, dtype in rows:
+    for config, phase, dtype in named_rows(args):
         groups.setdefault((config, dtype, phases.is_conv(phase)), []).append(phase)
     return [(config, dtype, group) for (config, dtype, _), group in groups.items()]
 

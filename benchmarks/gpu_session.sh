@@ -13,6 +13,10 @@
 #   --tag NAME       [BENCH_TAG]      suffix of the result files (default: from phases/configs/dtypes)
 #                    (named rows alone, not every config x phase x dtype: no --phases, --configs or
 #                    --dtype, and -- --rows CONFIG:PHASE:DTYPE,... for benchmarks.run)
+#   --per-gpu        [BENCH_PER_GPU=1] on a machine of N GPUs, N benchmark processes, one per GPU, share the
+#                                     groups of rows (benchmarks.run --claims): each row is measured on one
+#                                     GPU with its peers, in bench-TAG-gpuK.json/txt/log; merge them here with
+#                                     python -m benchmarks.report F... --out DIR (each row keeps its run's floors)
 #   --skip-tests     [SKIP_TESTS=1]   do not run pytest -m gpu
 #   --skip-bench     [SKIP_BENCH=1]   set up (and test) only
 #   --pytest-args S  [PYTEST_ARGS]    pytest arguments of the main test run (default tests/test_gpu.py),
@@ -56,6 +60,7 @@
 # directory ($OEQ_SRC/openequivariance-*), and OEQ_NOTORCH=1; without them oeq is reported missing.
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
 # gpu-tests-large.log, e2e.txt, edge-sharding.json, edge-sharding.txt, bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png,
+# bench-TAG-gpuK.json/txt/log (--per-gpu),
 # bench-TAG-base.json, bench-TAG-base.txt, ab.json, ncu.txt (pass -- --no-plots to drop the two PNGs).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -63,7 +68,7 @@ export PYTHONUNBUFFERED=1
 PHASES=${BENCH_PHASES:-}; CONFIGS=${BENCH_CONFIGS:-}; DTYPES=${BENCH_DTYPES:-}; LIBS=${BENCH_LIBS:-}
 TAG=${BENCH_TAG:-}; SESSION_SECONDS=${SESSION_SECONDS:-570}; SKIP_TESTS=${SKIP_TESTS:-0}; SKIP_BENCH=${SKIP_BENCH:-0}; PYTEST_ARGS=${PYTEST_ARGS:-}; PYTEST_K=${PYTEST_K:-}
 PYTEST_WORKERS=${PYTEST_WORKERS:-4}; SKIP_LARGE=${SKIP_LARGE:-0}; RUN_E2E=${RUN_E2E:-0}; RUN_SHARDING=${RUN_SHARDING:-0}
-BASE_TREE=${BASE_TREE:-}; NCU_SPECS=${NCU_SPECS:-}; AB_ARGS=${AB_ARGS:-}
+BENCH_PER_GPU=${BENCH_PER_GPU:-0}; BASE_TREE=${BASE_TREE:-}; NCU_SPECS=${NCU_SPECS:-}; AB_ARGS=${AB_ARGS:-}
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -72,6 +77,7 @@ while [ $# -gt 0 ]; do
     --dtype) DTYPES=$2; shift 2 ;;
     --libs) LIBS=$2; shift 2 ;;
     --tag) TAG=$2; shift 2 ;;
+    --per-gpu) BENCH_PER_GPU=1; shift ;;
     --skip-tests) SKIP_TESTS=1; shift ;;
     --skip-bench) SKIP_BENCH=1; shift ;;
     --pytest-args) PYTEST_ARGS=$2; shift 2 ;;
@@ -127,8 +133,8 @@ else
   echo "no OpenEquivariance archives in .whl (fetch-wheels.sh --with-oeq)" | tee -a "$SETUP"
 fi
 
-bench_args() {  # the benchmark's options, with a time budget of $1 seconds
-  args=(--out "$OUT" --time-budget "$1")
+bench_args() {  # the benchmark's options, with a time budget of $1 seconds, writing to folder $2 (default $OUT)
+  args=(--out "${2:-$OUT}" --time-budget "$1")
   [ -n "$PHASES" ] && args+=(--phases "$PHASES")
   [ -n "$CONFIGS" ] && args+=(--configs "$CONFIGS")
   [ -n "$DTYPES" ] && args+=(--dtype "$DTYPES")
@@ -214,12 +220,28 @@ fi
 
 bench_rc=0
 if [ "$SKIP_BENCH" != 1 ]; then
-  bench_args "$(( SESSION_SECONDS - 90 - SECONDS ))"
-  args+=(--tag "$TAG")
-  [ -n "$LIBS" ] && args+=(--libs "$LIBS")
-  step "python3 -m benchmarks.run ${args[*]} ${EXTRA[*]:-} (log: bench-$TAG.log)"
-  python3 -m benchmarks.run "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} 2>&1 | tee "$OUT/bench-$TAG.log" | grep -v '^\['
-  bench_rc=${PIPESTATUS[0]}
+  budget=$(( SESSION_SECONDS - 90 - SECONDS ))
+  if [ "$BENCH_PER_GPU" = 1 ]; then
+    gpus=$(nvidia-smi -L | grep -c '^GPU'); claims=$(mktemp -d)
+    bench_args "$budget"
+    [ -n "$LIBS" ] && args+=(--libs "$LIBS")
+    step "python3 -m benchmarks.run ${args[*]} ${EXTRA[*]:-}, one process on each of $gpus GPUs (logs: bench-$TAG-gpuK.log)"
+    pids=()
+    for gpu in $(seq 0 $(( gpus - 1 ))); do
+      CUDA_VISIBLE_DEVICES=$gpu python3 -m benchmarks.run "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} --no-plots \
+        --claims "$claims" --tag "$TAG-gpu$gpu" >"$OUT/bench-$TAG-gpu$gpu.log" 2>&1 &
+      pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || bench_rc=$?; done
+    for gpu in $(seq 0 $(( gpus - 1 ))); do echo "== GPU $gpu"; tail -n 25 "$OUT/bench-$TAG-gpu$gpu.log"; done
+  else
+    bench_args "$budget"
+    args+=(--tag "$TAG")
+    [ -n "$LIBS" ] && args+=(--libs "$LIBS")
+    step "python3 -m benchmarks.run ${args[*]} ${EXTRA[*]:-} (log: bench-$TAG.log)"
+    python3 -m benchmarks.run "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} 2>&1 | tee "$OUT/bench-$TAG.log" | grep -v '^\['
+    bench_rc=${PIPESTATUS[0]}
+  fi
   echo "benchmark exit status $bench_rc" | tee -a "$SETUP"
 fi
 

@@ -19,6 +19,7 @@ mean nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
 import tempfile
@@ -61,6 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tag", default=None, help="suffix of the output file names, for split runs")
     parser.add_argument("--time-budget", type=float, default=None,
                         help="seconds after which no new group of rows starts (the rest are listed as skipped)")
+    parser.add_argument("--claims", default=None, metavar="DIR",
+                        help="share the groups of rows with other processes given the same folder: each group is "
+                             "measured by the process that claims it first (one process per GPU splits one run)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, reference backend, 3 runs")
     parser.add_argument("--set", default="", metavar="module.ATTR=VALUE;...",
@@ -120,6 +124,18 @@ def measured_groups(args: argparse.Namespace) -> list[tuple[str, str, list[str]]
     for config, phase, dtype in named_rows(args):
         groups.setdefault((config, dtype, phases.is_conv(phase)), []).append(phase)
     return [(config, dtype, group) for (config, dtype, _), group in groups.items()]
+
+
+def claim(folder, config: str, dtype: str, group: list[str]) -> bool:
+    """Whether this process takes the group of rows ``config``, ``dtype``, ``group``: true for the
+    first process to create its file in ``folder``, false for every other one."""
+    name = f"{config}.{dtype}.{'+'.join(group)}".replace("/", "_")
+    pathlib.Path(folder).mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(pathlib.Path(folder) / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def library_status(libraries) -> dict:
@@ -189,6 +205,8 @@ def main(argv=None) -> dict:
         if args.time_budget is not None and time.monotonic() - start > args.time_budget:
             meta["skipped"].append(f"{config} {dtype} {','.join(group)}")
             print(f"time budget spent: skipping {meta['skipped'][-1]}", flush=True)
+            continue
+        if args.claims is not None and not claim(args.claims, config, dtype, group):
             continue
         if config not in products:
             products[config] = problems.build(config, backend=backend)

@@ -261,6 +261,20 @@ def test_rows_measure_exactly_the_rows_named_in_their_order(tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
+def test_processes_sharing_claims_measure_each_group_once(tmp_path):
+    """Two runs given one ``--claims`` folder split the groups: the second measures only those the
+    first left, and together they hold every row once."""
+    named = "tiny-uvu:fwd:float32,tiny-uvu:conv_fwd:float32,tiny-uvw:fwd:float64"
+    common = ["--smoke", "--rows", named, "--libs", "jax_cgtp", "--out", str(tmp_path), "--no-plots",
+              "--claims", str(tmp_path / "claims")]
+    assert run.claim(tmp_path / "claims", "tiny-uvu", "float32", ["conv_fwd"])
+    first = run.main(common + ["--tag", "a"])
+    second = run.main(common + ["--tag", "b"])
+    assert [(r["config"], r["phase"]) for r in first["rows"]] == [("tiny-uvu", "fwd"), ("tiny-uvw", "fwd")]
+    assert second["rows"] == [] and second["runs"][0]["skipped"] == []
+    assert not run.claim(tmp_path / "claims", "tiny-uvw", "float64", ["fwd"])
+
+
 def test_ab_times_each_variant_of_a_setting_on_the_same_row(tmp_path):
     from benchmarks import ab
 

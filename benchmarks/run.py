@@ -126,13 +126,17 @@ def measured_groups(args: argparse.Namespace) -> list[tuple[str, str, list[str]]
     return [(config, dtype, group) for (config, dtype, _), group in groups.items()]
 
 
+def claim_path(folder, config: str, dtype: str, group: list[str]) -> pathlib.Path:
+    """The file in ``folder`` whose creation claims the group of rows ``config``, ``dtype``, ``group``."""
+    return pathlib.Path(folder) / f"{config}.{dtype}.{'+'.join(group)}".replace("/", "_")
+
+
 def claim(folder, config: str, dtype: str, group: list[str]) -> bool:
     """Whether this process takes the group of rows ``config``, ``dtype``, ``group``: true for the
     first process to create its file in ``folder``, false for every other one."""
-    name = f"{config}.{dtype}.{'+'.join(group)}".replace("/", "_")
     pathlib.Path(folder).mkdir(parents=True, exist_ok=True)
     try:
-        os.close(os.open(pathlib.Path(folder) / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(claim_path(folder, config, dtype, group), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
     return True
@@ -202,6 +206,8 @@ def main(argv=None) -> dict:
     start = time.monotonic()
     products = {}
     for config, dtype, group in measured_groups(args):
+        if args.claims is not None and claim_path(args.claims, config, dtype, group).exists():
+            continue  # another process measures it
         if args.time_budget is not None and time.monotonic() - start > args.time_budget:
             meta["skipped"].append(f"{config} {dtype} {','.join(group)}")
             print(f"time budget spent: skipping {meta['skipped'][-1]}", flush=True)

@@ -222,7 +222,8 @@ bench_rc=0
 if [ "$SKIP_BENCH" != 1 ]; then
   budget=$(( SESSION_SECONDS - 90 - SECONDS ))
   if [ "$BENCH_PER_GPU" = 1 ]; then
-    gpus=$(nvidia-smi -L | grep -c '^GPU'); claims=$(mktemp -d)
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); claims=$(mktemp -d)
+    [ "$gpus" -ge 1 ] || { echo "--per-gpu: nvidia-smi -L lists no GPU" | tee -a "$SETUP"; exit 1; }
     bench_args "$budget"
     [ -n "$LIBS" ] && args+=(--libs "$LIBS")
     step "python3 -m benchmarks.run ${args[*]} ${EXTRA[*]:-}, one process on each of $gpus GPUs (logs: bench-$TAG-gpuK.log)"

@@ -133,8 +133,8 @@ else
   echo "no OpenEquivariance archives in .whl (fetch-wheels.sh --with-oeq)" | tee -a "$SETUP"
 fi
 
-bench_args() {  # the benchmark's options, with a time budget of $1 seconds, writing to folder $2 (default $OUT)
-  args=(--out "${2:-$OUT}" --time-budget "$1")
+bench_args() {  # the benchmark's options, with a time budget of $1 seconds
+  args=(--out "$OUT" --time-budget "$1")
   [ -n "$PHASES" ] && args+=(--phases "$PHASES")
   [ -n "$CONFIGS" ] && args+=(--configs "$CONFIGS")
   [ -n "$DTYPES" ] && args+=(--dtype "$DTYPES")

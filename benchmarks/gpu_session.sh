@@ -220,12 +220,11 @@ fi
 
 bench_rc=0
 if [ "$SKIP_BENCH" != 1 ]; then
-  budget=$(( SESSION_SECONDS - 90 - SECONDS ))
+  bench_args "$(( SESSION_SECONDS - 90 - SECONDS ))"
+  [ -n "$LIBS" ] && args+=(--libs "$LIBS")
   if [ "$BENCH_PER_GPU" = 1 ]; then
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); claims=$(mktemp -d)
     [ "$gpus" -ge 1 ] || { echo "--per-gpu: nvidia-smi -L lists no GPU" | tee -a "$SETUP"; exit 1; }
-    bench_args "$budget"
-    [ -n "$LIBS" ] && args+=(--libs "$LIBS")
     step "python3 -m benchmarks.run ${args[*]} ${EXTRA[*]:-}, one process on each of $gpus GPUs (logs: bench-$TAG-gpuK.log)"
     pids=()
     for gpu in $(seq 0 $(( gpus - 1 ))); do
@@ -236,9 +235,7 @@ if [ "$SKIP_BENCH" != 1 ]; then
     for pid in "${pids[@]}"; do wait "$pid" || bench_rc=$?; done
     for gpu in $(seq 0 $(( gpus - 1 ))); do echo "== GPU $gpu"; tail -n 25 "$OUT/bench-$TAG-gpu$gpu.log"; done
   else
-    bench_args "$budget"
     args+=(--tag "$TAG")
-    [ -n "$LIBS" ] && args+=(--libs "$LIBS")
     step "python3 -m benchmarks.run ${args[*]} ${EXTRA[*]:-} (log: bench-$TAG.log)"
     python3 -m benchmarks.run "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} 2>&1 | tee "$OUT/bench-$TAG.log" | grep -v '^\['
     bench_rc=${PIPESTATUS[0]}

@@ -6,15 +6,18 @@
 // above rows. `state` (zeroed before the first launch) holds the count of each of the rows + 2
 // buckets, then a flag set where an edge lies in a lower bucket than the edge before it, then the
 // number of blocks done counting. `offsets[n] = counts[0] + ... + counts[n]` (n <= rows, CSR over
-// nodes) comes in tiles of CGTP_GROUP_BLOCK * CGTP_SCAN_ITEMS counts.
+// nodes) comes in tiles of CGTP_GROUP_BLOCK * CGTP_SCAN_ITEMS counts; `offsets[rows + 1]` is the
+// longest run: the largest count of buckets 1 ... rows (0 where rows is 0).
 //
 //   cgtp_group_count: each edge takes the next rank of its bucket (the lanes of a warp that share
 //     a bucket take consecutive ranks by one atomic add on the bucket's count) and compares its
 //     bucket with its predecessor's; the block that finishes last sums the counts into `offsets`,
-//     tile after tile (grouping.py launches it where the counts are one tile).
+//     tile after tile, and finds the longest run (grouping.py launches it where the counts are one
+//     tile).
 //   cgtp_group_rank and cgtp_group_scan: the same in two launches, the tiles summed by as many
 //     blocks, each adding the sums of the tiles before it as they are published (a single-pass
-//     scan with decoupled look-back).
+//     scan with decoupled look-back); each block adds its tile's longest run to a maximum, which
+//     the block that finishes last writes.
 //   cgtp_group_place: perm[start of the edge's bucket + its rank] = edge. Where no edge's bucket is
 //     below its predecessor's, the edges came grouped already and perm is the identity.
 
@@ -54,21 +57,40 @@ __device__ __forceinline__ I cgtp_block_inclusive_sum(I value, I* warp_sums, I& 
   return inclusive;
 }
 
+// The largest `value` over the block's threads, in every thread. `warp_slots` holds one I per warp
+// of shared memory.
+__device__ __forceinline__ I cgtp_block_max(I value, I* warp_slots) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int m = 16; m > 0; m >>= 1) {
+    const I other = __shfl_xor_sync(0xffffffffu, value, m);
+    value = other > value ? other : value;
+  }
+  if (lane == 0) warp_slots[warp] = value;
+  __syncthreads();
+  I largest = warp_slots[0];
+  for (int k = 1; k < warps; ++k) largest = warp_slots[k] > largest ? warp_slots[k] : largest;
+  __syncthreads();  // every thread has read warp_slots before its next use
+  return largest;
+}
+
 // One scan tile: this thread's counts of the tile that starts at `first`.
 struct cgtp_tile {
   long long mine;  // the first count of this thread
   I items[CGTP_SCAN_ITEMS];
   I sum;  // of items
+  I longest;  // the largest of items that count a node's edges (buckets 1 ... rows)
 };
 
 __device__ __forceinline__ cgtp_tile cgtp_load_tile(const I* counts, long long first, long long rows) {
   cgtp_tile tile;
   tile.mine = first + (long long)CGTP_SCAN_ITEMS * threadIdx.x;
   tile.sum = 0;
+  tile.longest = 0;
 #pragma unroll
   for (int k = 0; k < CGTP_SCAN_ITEMS; ++k) {
     tile.items[k] = tile.mine + k <= rows ? __ldcg(counts + tile.mine + k) : (I)0;  // others' adds: from L2
     tile.sum += tile.items[k];
+    if (tile.mine + k >= 1 && tile.items[k] > tile.longest) tile.longest = tile.items[k];
   }
   return tile;
 }
@@ -120,14 +142,17 @@ extern "C" __global__ void __launch_bounds__(CGTP_GROUP_BLOCK) cgtp_group_count(
     const long long rows) {
   if (!cgtp_rank_edges(index, rank, state, num_edges, rows, true)) return;
   I* const warp_sums = reinterpret_cast<I*>(cgtp_smem);
-  I carry = 0;
+  I carry = 0, longest = 0;
   for (long long first = 0; first <= rows; first += (long long)CGTP_SCAN_ITEMS * blockDim.x) {
     const cgtp_tile tile = cgtp_load_tile(state, first, rows);
     I total;
     const I inclusive = cgtp_block_inclusive_sum(tile.sum, warp_sums, total);
     cgtp_store_tile(tile, carry + inclusive - tile.sum, offsets, rows);
     carry += total;
+    longest = tile.longest > longest ? tile.longest : longest;
   }
+  longest = cgtp_block_max(longest, warp_sums);
+  if (threadIdx.x == 0) offsets[rows + 1] = longest;
 }
 
 extern "C" __global__ void __launch_bounds__(CGTP_GROUP_BLOCK) cgtp_group_rank(
@@ -148,7 +173,8 @@ extern "C" __global__ void __launch_bounds__(CGTP_GROUP_BLOCK) cgtp_group_rank(
 extern "C" __global__ void __launch_bounds__(CGTP_GROUP_BLOCK) cgtp_group_scan(
     const I* __restrict__ state,
     I* __restrict__ offsets,
-    long long* __restrict__ tiles,  // one entry per block, then the number of tiles taken (zeroed)
+    long long* __restrict__ tiles,  // zeroed: one entry per block, then the number of tiles taken, the
+                                    // longest run so far and the number of blocks done
     const long long num_edges,
     const long long rows) {
   I* const shared = reinterpret_cast<I*>(cgtp_smem);  // warp sums, the tile, the sum before it
@@ -178,6 +204,16 @@ extern "C" __global__ void __launch_bounds__(CGTP_GROUP_BLOCK) cgtp_group_scan(
   }
   __syncthreads();
   cgtp_store_tile(tile, shared[33] + inclusive - tile.sum, offsets, rows);
+  const I longest = cgtp_block_max(tile.longest, shared);
+  if (threadIdx.x == 0) {
+    unsigned long long* const most = reinterpret_cast<unsigned long long*>(tiles + gridDim.x + 1);
+    atomicMax(most, (unsigned long long)longest);
+    __threadfence();
+    if (cgtp_take(tiles + gridDim.x + 2) == (long long)gridDim.x - 1) {
+      __threadfence();
+      offsets[rows + 1] = (I)*reinterpret_cast<volatile unsigned long long*>(most);
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(CGTP_GROUP_BLOCK) cgtp_group_place(

@@ -117,6 +117,9 @@ def generate(schedule: KernelSchedule) -> str:
     elif schedule.slice_sum:
         _emit_slice_sums(w, schedule)
     else:
+        if schedule.reads_longest_run:
+            r, cap = schedule.call.walk, schedule.beyond_cap
+            w(f"if ((long long)off_{r}[rows_{r} + 1] <= {cap}) return;  // no run is longer than the cap")
         _emit_prologue(w, schedule)
         _emit_tiles(w, schedule)
     w.close()

@@ -143,7 +143,7 @@ def launch(call: Call, *args):
     args = list(args[:n]) + [jnp.asarray(a, index_dtype) for a in args[n:]]
     edges = num_edges(call, [a.shape for a in args])
     scalars = np.array([edges] + [call.row_count(r) for r in call.indexed_roles], np.int64)
-    kernels = _plan(call, _KERNEL_DTYPES[dtype], index_ctype, edges)
+    kernels = _knowing_longest_runs(call, _plan(call, _KERNEL_DTYPES[dtype], index_ctype, edges), args)
     if kernels and kernels[0].slice_walk:
         return _launch_slices(call, *kernels, args=args, edges=edges, dtype=dtype, scalars=scalars)
     results = [None] * len(call.outputs)
@@ -166,6 +166,20 @@ def launch(call: Call, *args):
             else:
                 results[out.call_output] = value
     return results
+
+
+def _knowing_longest_runs(call: Call, kernels, args) -> list:
+    """``kernels``, a walk past the cap marked to read the longest run where its ordering's offsets
+    end with it (``rows + 2`` entries: :func:`jax_cgtp.grouping.group_edges`'s) and
+    :data:`~jax_cgtp.schedule.EXIT_WITHOUT_LONG_RUNS` holds."""
+    orders = call.split(args)[2]
+
+    def knows(kernel) -> bool:
+        role = kernel.call.walk
+        return (schedule.EXIT_WITHOUT_LONG_RUNS and bool(kernel.beyond_cap)
+                and orders[role][1].shape[0] == call.row_count(role) + 2)
+
+    return [dataclasses.replace(k, reads_longest_run=True) if knows(k) else k for k in kernels]
 
 
 def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.KernelSchedule, args, edges: int,

@@ -3,16 +3,19 @@ when it is given no sorted graph.
 
 ``group_edges(index, rows)`` returns ``(perm, offsets)`` laid out as
 :func:`jax_cgtp.graph.sort_edges`'s (CSR ``offsets`` over ``rows`` nodes; edges below the range
-first, edges above it last), except that within a node's run the edges come in no fixed order:
-the atomic kernels sum them in no fixed order anyway. On a GPU it is a counting sort
+first, edges above it last), except that within a node's run the edges come in no fixed order
+(the atomic kernels sum them in no fixed order anyway), and that ``offsets`` has one more entry,
+``offsets[rows + 1]``, the longest run: a walk that adds the edges past each run's first few
+(:data:`jax_cgtp.schedule.OWNED_RUN_CAP`) returns at once where no run is that long. On a GPU it is a counting sort
 (``cuda/group_edges.cu``): each edge takes its rank in its bucket (atomic adds on the bucket's
 count, one per warp and bucket), the counts are summed into ``offsets``, and ``cgtp_group_place``
 puts each edge at its bucket's start plus its rank, or, where the edges came grouped already (no
 edge in a lower bucket than the one before it), returns the identity. Up to :data:`SCAN_TILE`
-counts, the last block of the counting launch (``cgtp_group_count``) sums them: two launches in
-all. Above that, ``cgtp_group_rank`` counts and ``cgtp_group_scan`` sums the tiles in parallel.
-Elsewhere, under ``vmap``, and for ``backend="reference"`` (whose lowering does not read the
-ordering, so XLA drops it) it is ``sort_edges``'s stable argsort, one valid grouping.
+counts, the last block of the counting launch (``cgtp_group_count``) sums them and finds the
+longest run: two launches in all. Above that, ``cgtp_group_rank`` counts and ``cgtp_group_scan``
+sums the tiles in parallel. Elsewhere, under ``vmap``, and for ``backend="reference"`` (whose
+lowering does not read the ordering, so XLA drops it) it is ``sort_edges``'s stable argsort, one
+valid grouping.
 """
 
 from __future__ import annotations
@@ -43,7 +46,13 @@ group_p.def_impl(functools.partial(dispatch.apply_primitive, group_p))
 
 def group_edges(index, rows: int, *, backend: str = "auto") -> tuple[jax.Array, jax.Array]:
     """``(perm, offsets)`` of ``index`` (int32 or int64, shape ``(E,)``) over ``rows`` nodes: the
-    edges grouped by node, in no fixed order within a node (see the module's docstring)."""
+    edges grouped by node, in no fixed order within a node, and ``offsets`` of ``rows + 2``
+    entries, the CSR offsets and the longest run (see the module's docstring).
+
+    >>> perm, offsets = group_edges(jnp.array([2, 0, 2, 1]), 3)
+    >>> offsets.tolist()
+    [0, 1, 2, 4, 2]
+    """
     return tuple(group_p.bind(jnp.asarray(index), rows=int(rows), backend=backend))
 
 
@@ -51,7 +60,7 @@ def _abstract_eval(index, *, rows, backend):
     del backend
     mesh_axes.check_not_explicitly_sharded([index])
     return [mesh_axes.shaped_like(index, index.shape, index.dtype),
-            mesh_axes.shaped_like(index, (rows + 1,), index.dtype)]
+            mesh_axes.shaped_like(index, (rows + 2,), index.dtype)]
 
 
 group_p.def_abstract_eval(_abstract_eval)
@@ -69,7 +78,7 @@ ad.primitive_jvps[group_p] = _jvp
 def _batch(args, dims, *, rows, backend):
     del backend
     (index,), (axis,) = args, dims
-    return jax.vmap(functools.partial(sort_edges, rows=rows), in_axes=axis)(index), (0, 0)
+    return jax.vmap(functools.partial(_sorted, rows=rows), in_axes=axis)(index), (0, 0)
 
 
 batching.primitive_batchers[group_p] = _batch
@@ -110,24 +119,26 @@ def run_kernel(name: str, args, shapes, *, grid: int, edges: int, rows: int, zer
 def _on_gpu(index, *, rows):
     edges, dtype = index.shape[0], index.dtype
     if edges == 0:
-        return [jnp.zeros(0, dtype), jnp.zeros(rows + 1, dtype)]
+        return [jnp.zeros(0, dtype), jnp.zeros(rows + 2, dtype)]
     shape = functools.partial(jax.ShapeDtypeStruct, dtype=dtype)
     launch = functools.partial(run_kernel, edges=edges, rows=rows)
     counted = shape((rows + 4,))  # the counts, the order flag, the blocks done counting
     tiles = scan_tiles(rows)
     if tiles == 1:
-        rank, offsets, state = launch(COUNT_KERNEL, [index], [shape((edges,)), shape((rows + 1,)), counted],
+        rank, offsets, state = launch(COUNT_KERNEL, [index], [shape((edges,)), shape((rows + 2,)), counted],
                                       grid=grid(edges), zero_outputs=[0, 0, 1])
     else:
         rank, state = launch(RANK_KERNEL, [index], [shape((edges,)), counted], grid=grid(edges), zero_outputs=[0, 1])
-        offsets, _ = launch(SCAN_KERNEL, [state], [shape((rows + 1,)), jax.ShapeDtypeStruct((tiles + 1,), jnp.int64)],
-                            grid=tiles, zero_outputs=[0, 1])
+        published = jax.ShapeDtypeStruct((tiles + 3,), jnp.int64)  # per tile, tiles taken, longest run, blocks done
+        offsets, _ = launch(SCAN_KERNEL, [state], [shape((rows + 2,)), published], grid=tiles, zero_outputs=[0, 1])
     (perm,) = launch(PLACE_KERNEL, [index, rank, offsets, state], [shape((edges,))], grid=grid(edges))
     return [perm, offsets]
 
 
 def _sorted(index, *, rows):
-    return list(sort_edges(index, rows))
+    perm, offsets = sort_edges(index, rows)
+    longest = jnp.max(jnp.diff(offsets), initial=0)
+    return [perm, jnp.append(offsets, longest.astype(offsets.dtype))]
 
 
 def lowering(ctx, index, *, rows, backend, on_gpu=False):

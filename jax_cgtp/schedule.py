@@ -166,6 +166,13 @@ FILL_MIN_SPAN = 8
 # the runs of dense neighbour lists: on the benchmark's dense graph (32-96 edges per node; H200) cap
 # 64 took 1.06x cap 128's time on mace-l2-c128 and 1.01x on nequip-l2-c32, cap 256 1.00x.
 OWNED_RUN_CAP = 128
+# The walk past the cap, given offsets that end with the longest run (the grouping's), returns at
+# once where no run is longer than the cap, instead of reading every edge's position, index and run
+# start to find none (H200, Nsight Compute: 4.0 us on nequip-l2-c32's 50,000 float64 edges).
+EXIT_WITHOUT_LONG_RUNS = True
+# The atomic convolution's forward walks ``dst`` runs from this many edges on; below, the plain
+# atomic forward, which needs no grouping of the edges.
+OWNED_FORWARD_MIN_EDGES = 0
 # A deterministic walk over sorted runs walks each run's first RUN_CHUNK edges; a second launch walks
 # the later chunks of RUN_CHUNK edges, one warp each, into rows of their own, and a third adds those
 # to the node's row in chunk order: the sums keep one order whatever the warps' timing. H100, padded
@@ -495,6 +502,10 @@ class KernelSchedule:
     # a launch over a walk's sorted edges that adds those at this rank or later in their run (in the
     # walked role's order) to the outputs the capped walk wrote: its outputs start as those (0: none)
     beyond_cap: int = 0
+    # a walk past the cap whose offsets end with the longest run (``rows + 2`` entries, as
+    # :func:`jax_cgtp.grouping.group_edges` gives them): it returns at once where no run is longer
+    # than the cap
+    reads_longest_run: bool = False
     # a deterministic walk over the chunks of this many edges that follow each run's first (which the
     # capped walk wrote), one warp per chunk: its owned outputs are the chunks' partial rows (row: the
     # chunk's first sorted position // chunk_walk), its per-edge outputs start as the capped walk's
@@ -1083,7 +1094,7 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
             return launches
         return [part for k in launches for part in (_chunked(k, RUN_CHUNK) if _chunkable(k) else [k])]
     if OWNED_RUN_CAP <= 0 or len(launches) != 1 or launches[0].lockstep:
-        return launches  # (a lockstep walk is never launched: owned_forward_is_faster picks the atomic forward)
+        return launches  # (a lockstep walk is never launched: owned_walk_is_faster picks the atomic forward)
     rest = _launches(dataclasses.replace(call, deterministic=False), dtype, index_dtype, edges)
     if len(rest) != 1:
         return launches
@@ -1248,10 +1259,18 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
     return schedules
 
 
+def owned_forward_is_faster(call: Call, dtype: str, index_dtype: str, edges: int) -> bool:
+    """Whether a deterministic convolution forward ``call`` (z owned by ``dst`` runs) on ``edges``
+    edges is expected to beat the atomic forward: at least OWNED_FORWARD_MIN_EDGES edges, and
+    :func:`owned_walk_is_faster`."""
+    return edges >= OWNED_FORWARD_MIN_EDGES and owned_walk_is_faster(call, dtype, index_dtype)
+
+
 @functools.lru_cache(maxsize=None)
-def owned_forward_is_faster(call: Call, dtype: str, index_dtype: str) -> bool:
-    """Whether a deterministic convolution forward ``call`` (z owned by ``dst`` runs) is expected
-    to beat the atomic forward: one launch with a joint pass whose warps run free (not in lockstep).
+def owned_walk_is_faster(call: Call, dtype: str, index_dtype: str) -> bool:
+    """Whether the walk of a deterministic convolution forward ``call`` (z owned by ``dst`` runs) is
+    expected to beat the atomic forward's: one launch with a joint pass whose warps run free (not in
+    lockstep).
 
     Measured (H100, every public config in one run, ``lane-writes/``): such walks took 0.82-0.99x
     the atomic forward's time (mace-l2-c128 0.82x in both dtypes); the lockstep walks of long code

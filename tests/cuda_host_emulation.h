@@ -128,6 +128,13 @@ inline V atomicAdd(V* address, V value) {
   return std::atomic_ref<V>(*address).fetch_add(value);
 }
 
+template <class V>
+inline V atomicMax(V* address, V value) {
+  const V old = *address;  // blocks run one after the other: no other thread writes meanwhile
+  if (value > old) *address = value;
+  return old;
+}
+
 // Run `kernel` (a callable taking no arguments, the kernel call bound to its parameters) on a
 // grid of `grid` blocks of `block` threads. Returns 0, or 1 where a block's threads all wait at
 // barriers that cannot open (a barrier in divergent control flow).

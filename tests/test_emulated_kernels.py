@@ -134,8 +134,9 @@ def test_joint_passes_of_the_convolution_sum_shared_weights_in_partial_rows(dete
 def test_grouping_kernels_group_edges_by_index(edges, rows, order, index_dtype):
     """The counting sort places every edge once, each node's edges in its run, with the edges
     below the range first and those above it last: the runs of the stable sort, in any order (the
-    identity where the edges came sorted). Three blocks of edges count; over 20,000 nodes, three
-    blocks sum the tiles of counts (``cgtp_group_scan``), else the counting launch's last block."""
+    identity where the edges came sorted), and the longest run after the offsets. Three blocks of
+    edges count; over 20,000 nodes, three blocks sum the tiles of counts (``cgtp_group_scan``),
+    else the counting launch's last block."""
     index = grouping_index(edges, rows, order, index_dtype)
     before = len(kernel_emulator.groupings())
     # the groupings are read once the call's kernels have run
@@ -145,9 +146,10 @@ def test_grouping_kernels_group_edges_by_index(edges, rows, order, index_dtype):
     assert kernel_emulator.groupings()[before:] == ([(counting, edges)] if edges else [])  # none for no edges
     stable_perm, stable_offsets = jax_cgtp.graph.sort_edges(index, rows)
     assert perm.dtype == offsets.dtype == index_dtype
-    np.testing.assert_array_equal(offsets, stable_offsets)
+    np.testing.assert_array_equal(offsets[:-1], stable_offsets)
+    assert offsets[-1] == np.max(np.diff(stable_offsets), initial=0)  # the longest run
     np.testing.assert_array_equal(np.sort(perm), np.arange(edges))
-    bounds = [0, *np.asarray(offsets).tolist(), edges]
+    bounds = [0, *np.asarray(offsets[:-1]).tolist(), edges]
     for begin, end in zip(bounds[:-1], bounds[1:]):
         np.testing.assert_array_equal(np.sort(perm[begin:end]), np.sort(stable_perm[begin:end]))
     if order == "sorted":
@@ -179,20 +181,23 @@ def test_atomic_convolution_owns_only_the_forward(given):
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
-@pytest.mark.parametrize("given", ["graph", "grouped"])
-def test_atomic_forward_walks_each_runs_first_edges_and_adds_the_rest_on_every_warp(given, planned_with):
+@pytest.mark.parametrize("given, cap", [("graph", 8), ("grouped", 8), ("grouped", 64)])
+def test_atomic_forward_walks_each_runs_first_edges_and_adds_the_rest_on_every_warp(given, cap, planned_with):
     """A run longer than the walk's cap (a padding node's, a hub's): the node's warp walks its
     first ``OWNED_RUN_CAP`` edges and writes the row, and a second launch, the atomic forward's
-    tiles over the grouped edges, adds the edges past the cap; every member matches the reference."""
-    planned_with(OWNED_RUN_CAP=8)
+    tiles over the grouped edges, adds the edges past the cap (at once done where the grouping
+    found no run longer than the cap: under a cap of 64); every member matches the reference."""
+    planned_with(OWNED_RUN_CAP=cap)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(57), kernels, 9, 120, jnp.float64, bad_fraction=0.1)
-    dst = dst.at[::3].set(4)  # node 4 takes a third of the edges: a run of 40, five times the cap
+    dst = dst.at[::3].set(4)  # node 4 takes a third of the edges: a run of 40, five times the cap of 8
     conv = with_sorted_graph(kernels) if given == "graph" else kernels
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, conv, 9))(x, y, w, src, dst)
-    capped = [(k.run_cap, k.beyond_cap, k.tiling) for k in kernel_emulator.launched()[before:] if k.run_cap or k.beyond_cap]
-    assert capped == [(8, 0, "segments"), (0, 8, "tiles")]
+    capped = [(k.run_cap, k.beyond_cap, k.tiling, k.reads_longest_run)
+              for k in kernel_emulator.launched()[before:] if k.run_cap or k.beyond_cap]
+    # only a grouping's offsets carry the longest run
+    assert capped == [(cap, 0, "segments", False), (0, cap, "tiles", given == "grouped")]
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(x, y, w, src, dst), jnp.float64)
 
 

@@ -203,16 +203,17 @@ def test_convolution_matches_reference(deterministic, dtype, seed):
                                                 (1_000_003, 40_000, "random"), (1_000_003, 40_000, "sorted"),
                                                 (1_000_003, 40_000, "one_swap"), (300_000, 2_000_000, "random")])
 def test_grouping_kernel_groups_edges_by_index(edges, rows, order, index_dtype):
-    """The counting sort of an atomic convolution without ``graph=``: the stable sort's offsets,
-    and each run holding the stable sort's edges (in any order; the identity where the edges came
-    sorted), out-of-range edges included, over more nodes than edges too."""
+    """The counting sort of an atomic convolution without ``graph=``: the stable sort's offsets and
+    the longest run, and each run holding the stable sort's edges (in any order; the identity where
+    the edges came sorted), out-of-range edges included, over more nodes than edges too."""
     index = grouping_index(edges, rows, order, index_dtype)
     perm, offsets = jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index)
     stable_perm, stable_offsets = jax.jit(lambda i: jax_cgtp.graph.sort_edges(i, rows))(index)
-    np.testing.assert_array_equal(offsets, stable_offsets)
+    np.testing.assert_array_equal(offsets[:-1], stable_offsets)
+    assert offsets[-1] == np.max(np.diff(stable_offsets), initial=0)  # the longest run
     if order == "sorted":
         np.testing.assert_array_equal(perm, np.arange(edges))
-    bounds = np.concatenate([[0], np.asarray(offsets), [edges]])
+    bounds = np.concatenate([[0], np.asarray(offsets[:-1]), [edges]])
     run = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))  # the run of each sorted position
 
     def sorted_within_runs(p):

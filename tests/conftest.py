@@ -18,7 +18,7 @@ _one_gpu_per_worker()
 import jax  # noqa: E402
 import pytest
 
-from jax_cgtp import cuda_lowering  # noqa: E402
+from jax_cgtp import cuda_lowering, schedule  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -27,6 +27,14 @@ def pytest_collection_modifyitems(items):
     """Tests marked ``slow_compile`` first (stable order otherwise): pytest-xdist hands tests out in
     collection order, so they start early on every worker instead of ending the run last."""
     items.sort(key=lambda item: item.get_closest_marker("slow_compile") is None)
+
+
+@pytest.fixture(autouse=True)
+def owned_forward_on_small_graphs(monkeypatch):
+    """The atomic convolution's forward walks destination runs on the tests' small graphs too, as it
+    does on graphs of many nodes (``schedule.OWNED_FORWARD_MIN_NODES``; the tests of the threshold
+    set it with ``planned_with``, to ``family_members.OWNED_FORWARD_MIN_NODES``, the library's)."""
+    monkeypatch.setattr(schedule, "OWNED_FORWARD_MIN_NODES", {"float": 0, "double": 0})
 
 
 @pytest.fixture

@@ -9,6 +9,9 @@ import jax_cgtp
 from jax_cgtp.call import Call, Output, Term
 
 TOLERANCE = {jnp.float64: 1e-12, jnp.float32: 1e-5}
+# the library's node count from which the atomic convolution's forward walks destination runs (the
+# tests' conftest sets it to none for every test)
+OWNED_FORWARD_MIN_NODES = dict(jax_cgtp.schedule.OWNED_FORWARD_MIN_NODES)
 
 
 def relative_error(a, b):

@@ -13,10 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, grouping_index,
-                            high_l_pair, in_float64, interleaved_whole_chunks_pair, long_code_pair, members, pair,
-                            random_graph, relative_error, second_derivatives, spherical_harmonics_pair,
-                            squared_norm_and_gradients, whole_chunks_pair, wide_block_pair, with_sorted_graph)
+from family_members import (OWNED_FORWARD_MIN_NODES, assert_close, conv_members, conv_second_derivatives,
+                            fully_connected_pair, grouping_index, high_l_pair, in_float64,
+                            interleaved_whole_chunks_pair, long_code_pair, members, pair, random_graph,
+                            relative_error, second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients,
+                            whole_chunks_pair, wide_block_pair, with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
 import data_parallel
@@ -253,6 +254,17 @@ def test_atomic_convolution_with_a_sorted_graph_matches_reference(dtype, sorted_
     cuda, reference = make_pair(jax_cgtp.TensorProductConv)
     args = random_graph(jax.random.PRNGKey(47), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     _assert_conv_members_match(with_sorted_graph(cuda), reference, 300, args, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("sorted_by_dst", [False, True])
+def test_atomic_forward_on_few_nodes_matches_reference(dtype, sorted_by_dst, planned_with):
+    """On fewer nodes than ``OWNED_FORWARD_MIN_NODES`` (the library's), the atomic variant's forward
+    adds each edge's z atomically instead of walking destination runs; every member matches."""
+    planned_with(OWNED_FORWARD_MIN_NODES=OWNED_FORWARD_MIN_NODES)
+    cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv)
+    args = random_graph(jax.random.PRNGKey(48), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
+    _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])

@@ -104,7 +104,7 @@ class TensorProductConv(TensorProduct):
         atomic = forward_call(problem, kinds, rows, orderings=("z",))
         owned = forward_call(problem, kinds, rows, deterministic=True, orderings=("z",))
         _, index_ctype = common_index_dtype([src, dst])
-        if owned_forward_is_faster(owned, kernel_dtype(dtype), index_ctype):
+        if owned_forward_is_faster(owned, kernel_dtype(dtype), index_ctype, num_edges):
             return _owned_forward(owned, atomic, self.backend, *inputs, src, dst, *by_dst)
         (out,) = primitives.bind(atomic, inputs, indices, {"z": by_dst}, backend=self.backend)
         return out

@@ -9,9 +9,10 @@ import jax_cgtp
 from jax_cgtp.call import Call, Output, Term
 
 TOLERANCE = {jnp.float64: 1e-12, jnp.float32: 1e-5}
-# the library's node count from which the atomic convolution's forward walks destination runs (the
-# tests' conftest sets it to none for every test)
-OWNED_FORWARD_MIN_NODES = dict(jax_cgtp.schedule.OWNED_FORWARD_MIN_NODES)
+# the library's settings of where the atomic convolution's forward walks destination runs (the tests'
+# conftest lets it walk them on every graph), as ``planned_with`` takes them
+OWNED_FORWARD_RULE = dict(OWNED_FORWARD_MIN_NODES=dict(jax_cgtp.schedule.OWNED_FORWARD_MIN_NODES),
+                          OWNED_FORWARD_MAX_EDGES_PER_NODE=jax_cgtp.schedule.OWNED_FORWARD_MAX_EDGES_PER_NODE)
 
 
 def relative_error(a, b):

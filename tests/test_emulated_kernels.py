@@ -181,19 +181,22 @@ def test_atomic_convolution_owns_only_the_forward(given):
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
-def test_atomic_forward_walks_destination_runs_from_a_node_count_on(dtype, planned_with):
+@pytest.mark.parametrize("dtype, edges_per_node, walks", [(jnp.float32, 7, True), (jnp.float64, 7, False),
+                                                          (jnp.float32, 6, False)])
+def test_atomic_forward_walks_destination_runs_on_many_nodes_and_short_runs(dtype, edges_per_node, walks,
+                                                                             planned_with):
     """The atomic convolution's forward walks destination runs on graphs of at least
-    ``OWNED_FORWARD_MIN_NODES`` nodes (here 9 in float32, 10 in float64), else it adds each edge's z
-    atomically, its tiles over the edges grouped by destination all the same; every member matches
-    the reference either way."""
-    planned_with(OWNED_FORWARD_MIN_NODES={"float": 9, "double": 10})
+    ``OWNED_FORWARD_MIN_NODES`` nodes (here 9 in float32, 10 in float64) and at most
+    ``OWNED_FORWARD_MAX_EDGES_PER_NODE`` edges per node (60 edges on 9 nodes: 6.7), else it adds each
+    edge's z atomically, its tiles over the edges grouped by destination all the same; every member
+    matches the reference either way."""
+    planned_with(OWNED_FORWARD_MIN_NODES={"float": 9, "double": 10}, OWNED_FORWARD_MAX_EDGES_PER_NODE=edges_per_node)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
     args = random_graph(jax.random.PRNGKey(58), kernels, 9, 60, dtype, bad_fraction=0.1)
     before, grouped = _launches(), len(kernel_emulator.groupings())
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
     flushes = {out.flush for k in kernel_emulator.launched()[before:] for out in k.outputs if out.role == "z"}
-    assert ("own" in flushes) == (dtype == jnp.float32)
+    assert ("own" in flushes) == walks
     assert len(kernel_emulator.groupings()) - grouped == 1
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), dtype)
 

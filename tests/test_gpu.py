@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-from family_members import (OWNED_FORWARD_MIN_NODES, assert_close, conv_members, conv_second_derivatives,
+from family_members import (OWNED_FORWARD_RULE, assert_close, conv_members, conv_second_derivatives,
                             fully_connected_pair, grouping_index, high_l_pair, in_float64,
                             interleaved_whole_chunks_pair, long_code_pair, members, pair, random_graph,
                             relative_error, second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients,
@@ -261,7 +261,7 @@ def test_atomic_convolution_with_a_sorted_graph_matches_reference(dtype, sorted_
 def test_atomic_forward_on_few_nodes_matches_reference(dtype, sorted_by_dst, planned_with):
     """On fewer nodes than ``OWNED_FORWARD_MIN_NODES`` (the library's), the atomic variant's forward
     adds each edge's z atomically instead of walking destination runs; every member matches."""
-    planned_with(OWNED_FORWARD_MIN_NODES=OWNED_FORWARD_MIN_NODES)
+    planned_with(**OWNED_FORWARD_RULE)
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv)
     args = random_graph(jax.random.PRNGKey(48), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     _assert_conv_members_match(cuda, reference, 300, args, dtype)

@@ -176,7 +176,7 @@ EXIT_WITHOUT_LONG_RUNS = True
 # spreads the edges evenly over every warp the GPU holds, is faster: on few nodes too few warps walk,
 # and long runs keep each warp walking. H200, same-process A/B (benchmarks/results/nvidia-h200/
 # node-threshold/), the atomic forward's time over the walk's on four to six uvu configs: 16 edges
-# per node, float32 0.80-0.93x at 1,562 nodes, 0.92-1.01x at 3,125, 0.97-1.07x at 4,687 and
+# per node, float32 0.80-0.93x at 1,562 nodes, 0.91-1.01x at 3,125, 0.97-1.07x at 4,687 and
 # 1.03-1.13x at 6,250; float64 0.91-1.00x at 1,562 and 0.98-1.11x at 3,125. 64 edges per node (the
 # dense graph, runs of 32 to 96): float32 0.48-0.62x at 781 nodes, 0.71-0.74x at 1,562, 0.73-0.88x at
 # 3,125 and 0.88-1.00x at 6,250; float64 0.66-0.79x at 1,562 and 0.77-0.83x at 3,125.

@@ -171,17 +171,18 @@ OWNED_RUN_CAP = 128
 # start to find none (H200, Nsight Compute: 4.0 us on nequip-l2-c32's 50,000 float64 edges).
 EXIT_WITHOUT_LONG_RUNS = True
 # The atomic convolution's forward walks ``dst`` runs (one warp per node) where the graph has at
-# least OWNED_FORWARD_MIN_NODES destination nodes (by kernel dtype) and at most
-# OWNED_FORWARD_MAX_EDGES_PER_NODE edges per node on average. Elsewhere the plain atomic forward, which
-# spreads the edges evenly over every warp the GPU holds, is faster: on few nodes too few warps walk,
-# and long runs keep each warp walking. H200, same-process A/B (benchmarks/results/nvidia-h200/
-# node-threshold/), the atomic forward's time over the walk's on four to six uvu configs: 16 edges
-# per node, float32 0.80-0.93x at 1,562 nodes, 0.91-1.01x at 3,125, 0.97-1.07x at 4,687 and
-# 1.03-1.13x at 6,250; float64 0.91-1.00x at 1,562 and 0.98-1.11x at 3,125. 64 edges per node (the
-# dense graph, runs of 32 to 96): float32 0.48-0.62x at 781 nodes, 0.71-0.74x at 1,562, 0.73-0.88x at
-# 3,125 and 0.88-1.00x at 6,250; float64 0.66-0.79x at 1,562 and 0.77-0.83x at 3,125.
+# least OWNED_FORWARD_MIN_NODES destination nodes (by kernel dtype) at OWNED_FORWARD_RUN_EDGES edges
+# per node on average, and proportionally more at more edges per node. Elsewhere the plain atomic
+# forward, which spreads the edges evenly over every warp the GPU holds, is faster: on few nodes too
+# few warps walk, and long runs keep each of them walking. H200, same-process A/B (benchmarks/
+# results/nvidia-h200/node-threshold/), the atomic forward's time over the walk's on four to six uvu
+# configs: 16 edges per node, float32 0.80-0.93x at 1,562 nodes, 0.91-1.01x at 3,125, 0.97-1.07x at
+# 4,687 and 1.03-1.13x at 6,250; float64 0.91-1.00x at 1,562 and 0.98-1.11x at 3,125. 64 edges per
+# node (the dense graph, runs of 32 to 96), float32: 0.48-0.62x at 781 nodes, 0.71-0.74x at 1,562,
+# 0.73-0.88x at 3,125, 0.88-1.00x at 6,250, 0.96-1.12x at 12,500 and 0.96-1.20x at 25,000 (three of
+# four above 1.05); float64 0.66-0.79x at 1,562 and 0.77-0.83x at 3,125.
 OWNED_FORWARD_MIN_NODES = {"float": 4096, "double": 2048}
-OWNED_FORWARD_MAX_EDGES_PER_NODE = 32
+OWNED_FORWARD_RUN_EDGES = 16
 # A deterministic walk over sorted runs walks each run's first RUN_CHUNK edges; a second launch walks
 # the later chunks of RUN_CHUNK edges, one warp each, into rows of their own, and a third adds those
 # to the node's row in chunk order: the sums keep one order whatever the warps' timing. H100, padded
@@ -1270,12 +1271,12 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
 
 def owned_forward_is_faster(call: Call, dtype: str, index_dtype: str, edges: int) -> bool:
     """Whether a deterministic convolution forward ``call`` (z owned by ``dst`` runs) on ``edges``
-    edges is expected to beat the atomic forward: at least OWNED_FORWARD_MIN_NODES destination nodes
-    (``call``'s z rows), at most OWNED_FORWARD_MAX_EDGES_PER_NODE edges per node on average, and
-    :func:`owned_walk_is_faster`."""
+    edges is expected to beat the atomic forward: OWNED_FORWARD_MIN_NODES destination nodes (``call``'s
+    z rows) or more, times the mean run's length over OWNED_FORWARD_RUN_EDGES where that is above 1,
+    and :func:`owned_walk_is_faster`."""
     nodes = call.row_count("z")
-    return (OWNED_FORWARD_MIN_NODES[dtype] <= nodes and edges <= OWNED_FORWARD_MAX_EDGES_PER_NODE * nodes
-            and owned_walk_is_faster(call, dtype, index_dtype))
+    longer_runs = max(1.0, edges / (OWNED_FORWARD_RUN_EDGES * max(nodes, 1)))
+    return nodes >= OWNED_FORWARD_MIN_NODES[dtype] * longer_runs and owned_walk_is_faster(call, dtype, index_dtype)
 
 
 @functools.lru_cache(maxsize=None)

@@ -31,12 +31,10 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(autouse=True)
 def owned_forward_on_small_graphs(monkeypatch):
-    """The atomic convolution's forward walks destination runs on the tests' graphs of any size and
-    density, as it does on graphs of many nodes and short runs (``schedule.OWNED_FORWARD_MIN_NODES``,
-    ``OWNED_FORWARD_MAX_EDGES_PER_NODE``; the tests of those set them with ``planned_with``, to
-    ``family_members.OWNED_FORWARD_RULE``, the library's)."""
+    """The atomic convolution's forward walks destination runs on the tests' graphs of any size, as
+    it does on graphs of many nodes (``schedule.OWNED_FORWARD_MIN_NODES``; the tests of the rule set
+    it with ``planned_with``, to ``family_members.OWNED_FORWARD_RULE``, the library's)."""
     monkeypatch.setattr(schedule, "OWNED_FORWARD_MIN_NODES", {"float": 0, "double": 0})
-    monkeypatch.setattr(schedule, "OWNED_FORWARD_MAX_EDGES_PER_NODE", float("inf"))
 
 
 @pytest.fixture

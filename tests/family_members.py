@@ -12,7 +12,7 @@ TOLERANCE = {jnp.float64: 1e-12, jnp.float32: 1e-5}
 # the library's settings of where the atomic convolution's forward walks destination runs (the tests'
 # conftest lets it walk them on every graph), as ``planned_with`` takes them
 OWNED_FORWARD_RULE = dict(OWNED_FORWARD_MIN_NODES=dict(jax_cgtp.schedule.OWNED_FORWARD_MIN_NODES),
-                          OWNED_FORWARD_MAX_EDGES_PER_NODE=jax_cgtp.schedule.OWNED_FORWARD_MAX_EDGES_PER_NODE)
+                          OWNED_FORWARD_RUN_EDGES=jax_cgtp.schedule.OWNED_FORWARD_RUN_EDGES)
 
 
 def relative_error(a, b):

@@ -181,16 +181,15 @@ def test_atomic_convolution_owns_only_the_forward(given):
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
-@pytest.mark.parametrize("dtype, edges_per_node, walks", [(jnp.float32, 7, True), (jnp.float64, 7, False),
-                                                          (jnp.float32, 6, False)])
-def test_atomic_forward_walks_destination_runs_on_many_nodes_and_short_runs(dtype, edges_per_node, walks,
-                                                                             planned_with):
+@pytest.mark.parametrize("dtype, run_edges, walks", [(jnp.float32, 7, True), (jnp.float64, 7, False),
+                                                     (jnp.float32, 6, False)])
+def test_atomic_forward_walks_destination_runs_on_many_nodes(dtype, run_edges, walks, planned_with):
     """The atomic convolution's forward walks destination runs on graphs of at least
-    ``OWNED_FORWARD_MIN_NODES`` nodes (here 9 in float32, 10 in float64) and at most
-    ``OWNED_FORWARD_MAX_EDGES_PER_NODE`` edges per node (60 edges on 9 nodes: 6.7), else it adds each
-    edge's z atomically, its tiles over the edges grouped by destination all the same; every member
-    matches the reference either way."""
-    planned_with(OWNED_FORWARD_MIN_NODES={"float": 9, "double": 10}, OWNED_FORWARD_MAX_EDGES_PER_NODE=edges_per_node)
+    ``OWNED_FORWARD_MIN_NODES`` nodes (here 9 in float32, 10 in float64), proportionally more where the
+    mean run (60 edges on 9 nodes: 6.7) is longer than ``OWNED_FORWARD_RUN_EDGES`` (here 7: 9 nodes
+    do; 6: 10 are needed), else it adds each edge's z atomically, its tiles over the edges grouped by
+    destination all the same; every member matches the reference either way."""
+    planned_with(OWNED_FORWARD_MIN_NODES={"float": 9, "double": 10}, OWNED_FORWARD_RUN_EDGES=run_edges)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
     args = random_graph(jax.random.PRNGKey(58), kernels, 9, 60, dtype, bad_fraction=0.1)
     before, grouped = _launches(), len(kernel_emulator.groupings())

@@ -27,7 +27,7 @@ import time
 
 import jax
 
-from . import ceilings, configs, environment, measure, metrics, phases, problems, report, table
+from . import ceilings, configs, cost, environment, measure, metrics, phases, problems, report, table
 from .inputs import GRAPHS
 from .peers import LIBRARIES, OPTIONAL_LIBRARIES, Missing, adapter
 from .settings import apply_option
@@ -126,6 +126,17 @@ def measured_groups(args: argparse.Namespace) -> list[tuple[str, str, list[str]]
     return [(config, dtype, group) for (config, dtype, _), group in groups.items()]
 
 
+def longest_first(groups, products: dict, edges: dict) -> list[tuple[str, str, list[str]]]:
+    """``groups`` (:func:`measured_groups`) ordered by their floating-point work, most first: each
+    phase's products on the dtype's ``edges`` (:func:`benchmarks.cost.flop`; ``products`` by config),
+    so that processes sharing the groups (``--claims``) do not end with one of them on a long group."""
+    def work(group) -> int:
+        config, dtype, group_phases = group
+        return sum(cost.flop(products[config].problem, phase, edges[dtype]) for phase in group_phases)
+
+    return sorted(groups, key=work, reverse=True)
+
+
 def claim_path(folder, config: str, dtype: str, group: list[str]) -> pathlib.Path:
     """The file in ``folder`` whose creation claims the group of rows ``config``, ``dtype``, ``group``."""
     return pathlib.Path(folder) / f"{config}.{dtype}.{'+'.join(group)}".replace("/", "_")
@@ -204,8 +215,11 @@ def main(argv=None) -> dict:
     out = args.out or default_out(meta["device"], args.smoke)
     meta["skipped"] = []
     start = time.monotonic()
-    products = {}
-    for config, dtype, group in measured_groups(args):
+    groups = measured_groups(args)
+    products = {config: problems.build(config, backend=backend) for config, _, _ in groups}
+    if args.claims is not None:
+        groups = longest_first(groups, products, edges)
+    for config, dtype, group in groups:
         if args.claims is not None and claim_path(args.claims, config, dtype, group).exists():
             continue  # another process measures it
         if args.time_budget is not None and time.monotonic() - start > args.time_budget:
@@ -214,8 +228,6 @@ def main(argv=None) -> dict:
             continue
         if args.claims is not None and not claim(args.claims, config, dtype, group):
             continue
-        if config not in products:
-            products[config] = problems.build(config, backend=backend)
         keep = _keeper(result, meta, out, args.tag)
         keep(measure.measure_group(products[config], config, dtype, group, args.libs, availability,
                                    options, protocol, edges[dtype], keep=keep))

@@ -262,9 +262,9 @@ def test_rows_measure_exactly_the_rows_named_in_their_order(tmp_path, capsys):
 
 
 def test_processes_sharing_claims_measure_each_group_once(tmp_path):
-    """Runs given one ``--claims`` folder split the groups: the second measures only those the
-    first left, together they hold every row once, and a run whose time is spent lists as skipped
-    only the groups that no run claimed."""
+    """Runs given one ``--claims`` folder split the groups, the most work first: the second measures
+    only those the first left, together they hold every row once, and a run whose time is spent
+    lists as skipped only the groups that no run claimed."""
     named = "tiny-uvu:fwd:float32,tiny-uvu:conv_fwd:float32,tiny-uvw:fwd:float64"
     common = ["--smoke", "--rows", named, "--libs", "jax_cgtp", "--out", str(tmp_path), "--no-plots",
               "--claims", str(tmp_path / "claims")]
@@ -274,6 +274,12 @@ def test_processes_sharing_claims_measure_each_group_once(tmp_path):
     assert [(r["config"], r["phase"]) for r in first["rows"]] == [("tiny-uvu", "fwd"), ("tiny-uvw", "fwd")]
     assert second["rows"] == [] and second["runs"][0]["skipped"] == []
     assert not run.claim(tmp_path / "claims", "tiny-uvw", "float64", ["fwd"])
+    groups = run.measured_groups(run.parse_args(["--rows", named]))
+    products = {config: problems.build(config) for config in ("tiny-uvu", "tiny-uvw")}
+    by_work = run.longest_first(groups, products, {"float32": 100, "float64": 100})
+    assert sorted(by_work) == sorted(groups)
+    work = [sum(cost.flop(products[c].problem, p, 100) for p in phases) for c, _, phases in by_work]
+    assert work == sorted(work, reverse=True) and work[0] > work[-1]
     spent = run.main(["--smoke", "--rows", named + ",tiny-uvw:bwd:float32", "--libs", "jax_cgtp", "--out",
                       str(tmp_path), "--no-plots", "--claims", str(tmp_path / "claims"), "--time-budget", "-1"])
     assert spent["rows"] == [] and spent["runs"][0]["skipped"] == ["tiny-uvw float32 bwd"]  # the others are claimed

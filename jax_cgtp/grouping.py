@@ -3,19 +3,19 @@ when it is given no sorted graph.
 
 ``group_edges(index, rows)`` returns ``(perm, offsets)`` laid out as
 :func:`jax_cgtp.graph.sort_edges`'s (CSR ``offsets`` over ``rows`` nodes; edges below the range
-first, edges above it last), except that within a node's run the edges come in no fixed order
-(the atomic kernels sum them in no fixed order anyway), and that ``offsets`` has one more entry,
+first, edges above it last), except that within a node's run the edges come in no fixed order (the
+atomic kernels sum them in no fixed order anyway), and that ``offsets`` has one more entry,
 ``offsets[rows + 1]``, the longest run: a walk that adds the edges past each run's first few
-(:data:`jax_cgtp.schedule.OWNED_RUN_CAP`) returns at once where no run is that long. On a GPU it is a counting sort
-(``cuda/group_edges.cu``): each edge takes its rank in its bucket (atomic adds on the bucket's
-count, one per warp and bucket), the counts are summed into ``offsets``, and ``cgtp_group_place``
-puts each edge at its bucket's start plus its rank, or, where the edges came grouped already (no
-edge in a lower bucket than the one before it), returns the identity. Up to :data:`SCAN_TILE`
-counts, the last block of the counting launch (``cgtp_group_count``) sums them and finds the
-longest run: two launches in all. Above that, ``cgtp_group_rank`` counts and ``cgtp_group_scan``
-sums the tiles in parallel. Elsewhere, under ``vmap``, and for ``backend="reference"`` (whose
-lowering does not read the ordering, so XLA drops it) it is ``sort_edges``'s stable argsort, one
-valid grouping.
+(:data:`jax_cgtp.schedule.OWNED_RUN_CAP`) returns at once where no run is that long. On a GPU it is
+a counting sort (``cuda/group_edges.cu``): each edge takes its rank in its bucket (atomic adds on
+the bucket's count, one per warp and bucket), the counts are summed into ``offsets``, and
+``cgtp_group_place`` puts each edge at its bucket's start plus its rank, or, where the edges came
+grouped already (no edge in a lower bucket than the one before it), returns the identity. Up to
+:data:`SCAN_TILE` counts, the last block of the counting launch (``cgtp_group_count``) sums them
+and finds the longest run: two launches in all. Above that, ``cgtp_group_rank`` counts and
+``cgtp_group_scan`` sums the tiles in parallel. Elsewhere, under ``vmap``, and for
+``backend="reference"`` (whose lowering does not read the ordering, so XLA drops it) it is
+``sort_edges``'s stable argsort, one valid grouping.
 """
 
 from __future__ import annotations

@@ -168,7 +168,8 @@ FILL_MIN_SPAN = 8
 OWNED_RUN_CAP = 128
 # The walk past the cap, given offsets that end with the longest run (the grouping's), returns at
 # once where no run is longer than the cap, instead of reading every edge's position, index and run
-# start to find none (H200, Nsight Compute: 4.0 us on nequip-l2-c32's 50,000 float64 edges).
+# start to find none (H200: 4.0 us of nequip-l2-c32's float64 call under Nsight Compute; 1-2 us less
+# per call on four of five rows in a same-process A/B, benchmarks/results/nvidia-h200/longest-run/).
 EXIT_WITHOUT_LONG_RUNS = True
 # The atomic convolution's forward walks ``dst`` runs (one warp per node) where the graph has at
 # least OWNED_FORWARD_MIN_NODES destination nodes (by kernel dtype) at OWNED_FORWARD_RUN_EDGES edges

@@ -11,7 +11,8 @@ with its assignments in force (JAX's caches and jax_cgtp's kernel caches cleared
 kernels are generated anew), then the variants are timed in turn, ``--rounds`` times: each
 round times every variant once (per-call ms of calls queued back to back, as ``benchmarks.run``
 reports), so slow drifts of the device affect them alike. The table gives each variant's median
-over rounds and its ratio to the first variant; ``--json`` keeps every round.
+over rounds and its ratio to the first variant; ``--json`` keeps every round, with the run's device,
+versions and commit (``benchmarks.environment.describe``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import jax
 
 from jax_cgtp import cuda_lowering
 
-from . import configs, timing
+from . import configs, environment, timing
 from .inputs import GRAPHS
 from .profile import phase_and_arguments
 from .run import _list, named_rows, take_rows
@@ -122,15 +123,14 @@ def main(argv=None) -> list[dict]:
     names = [name for name, _ in variants]
     if len(set(names)) != len(names):
         parser.error(f"--variant names must differ, got {names}")
-    rows = []
+    rows, run = [], environment.describe()  # the device, versions, commit and start time of the run
     for config, phase, dtype in named_rows(args):
         rows.append(measure_row(config, phase, dtype, variants, args.rounds, args.calls, args.lib, args.edges,
                                 args.graph, args.shared_weights))
         print(format_table(rows[-1:], names).splitlines()[-1], flush=True)
         if args.json:  # after every row, so that a run stopped by a time limit keeps what it measured
             with open(args.json, "w") as f:
-                json.dump({"variants": args.variant, "device": str(jax.devices()[0].device_kind), "rows": rows},
-                          f, indent=1)
+                json.dump({"variants": args.variant, "run": run, "rows": rows}, f, indent=1)
     print(format_table(rows, names))
     return rows
 

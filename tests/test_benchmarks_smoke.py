@@ -307,6 +307,7 @@ def test_ab_times_each_variant_of_a_setting_on_the_same_row(tmp_path):
                  "--rounds", "1", "--calls", "2", "--variant", "b:", "--json", str(saved)])
     kept = json.loads(saved.read_text())  # written after each row: the row measured before the error
     assert [(r["phase"], len(r["ms"]["b"])) for r in kept["rows"]] == [("fwd", 1)] and kept["variants"] == ["b:"]
+    assert kept["run"]["git_commit"] and kept["run"]["device"]
     assert ab.parse_variant("x:jax_cgtp.codegen.A=1; m.B='s'") == ("x", [("jax_cgtp.codegen", "A", 1), ("m", "B", "s")])
     for bad in ("nameless", ":jax_cgtp.schedule.WALK_TILE=8", "x:WALK_TILE=8", "x:jax_cgtp.schedule.NOT_THERE=1"):
         with pytest.raises(SystemExit):

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
-from family_members import backward_call, high_l_pair, long_code_pair, random_graph, spherical_harmonics_pair
+from family_members import (OWNED_FORWARD_RULE, backward_call, high_l_pair, long_code_pair, random_graph,
+                            spherical_harmonics_pair)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -833,3 +834,19 @@ def test_free_running_walks_of_long_code_keep_their_registers(planned_with):
     assert kernels["det_src_conv_bwd"][0].lockstep
     assert "__launch_bounds__(128, 1)" in codegen.generate(kernels["bwd"][0])
     assert "__launch_bounds__(128) " in codegen.generate(kernels["conv_fwd"][0])
+
+
+@pytest.mark.parametrize("dtype, nodes", [("float", 4096), ("double", 2048)])
+def test_atomic_forward_walks_runs_from_the_librarys_node_counts(dtype, nodes, planned_with):
+    """The library's rule for mace-l2-c128's atomic conv forward: the walk over destination runs
+    from 4,096 nodes in float32 (2,048 in float64) at 16 edges per node, four times as many at 64
+    edges per node (the dense graph's), the plain atomic forward below."""
+    planned_with(**OWNED_FORWARD_RULE)
+    kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
+
+    def walks(rows: int, edges_per_node: int) -> bool:
+        call = forward_call(mace_problem(), kinds, (rows, None, None, rows), deterministic=True, orderings=("z",))
+        return schedule.owned_forward_is_faster(call, dtype, "int", rows * edges_per_node)
+
+    assert walks(nodes, 16) and not walks(nodes - 1, 16) and walks(nodes, 8)
+    assert walks(4 * nodes, 64) and not walks(4 * nodes - 1, 64) and not walks(nodes, 64)

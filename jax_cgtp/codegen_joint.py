@@ -62,7 +62,7 @@ def emit_joint(w: Writer, schedule: KernelSchedule) -> None:
         for n, (_, dim) in enumerate(joint.y_blocks):
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
     for x_offset, mul, dim, paths in joint.blocks:
-        _open_joint_chunks(w, x_offset, mul, dim, paths)
+        _open_joint_chunks(w, [(x_offset, mul, dim, paths)])
         if forward:  # measured: the forward gains, the backward loses
             w("const int lane = cgtp_lane();  // read here, so that the chunk's addresses are not held across edges")
         w("const bool live = ok && active;")
@@ -99,10 +99,13 @@ def _emit_joint_rows(w: Writer, schedule: KernelSchedule, roles=("x", "y", "w", 
               f"{problem.operand_dim(role)}LL;  // {role} row")
 
 
-def _open_joint_chunks(w: Writer, x_offset: int, mul: int, dim: int, paths) -> None:
-    """Open the loop over the 32-channel chunks of the x block at ``x_offset`` (lanes over ``u``)."""
-    w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
-      f"[{', '.join(str(p.ins_index) for p in paths)}]")
+def _open_joint_chunks(w: Writer, members) -> None:
+    """Open the loop over the 32-channel chunks of the x blocks ``members`` (``(x offset, mul, dim,
+    paths)``, all of one ``mul``; lanes over ``u``)."""
+    for x_offset, mul, dim, paths in members:
+        w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
+          f"[{', '.join(str(p.ins_index) for p in paths)}]")
+    mul = members[0][1]
     w("#pragma unroll 1")
     w.open(f"for (int c = 0; c < {-(-mul // WARP)}; ++c)")
     emit_chunk_lanes(w, mul)
@@ -213,20 +216,22 @@ def _weight_batches(schedule: KernelSchedule, paths) -> list[list[JointPath]]:
     return batches
 
 
-def _open_edge_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths,
-                     edge: str) -> tuple[dict[int, str], dict[int, str]]:
+def _open_edge_ahead(w: Writer, schedule: KernelSchedule, members,
+                     edge: str) -> tuple[dict[tuple[int, int], str], dict[int, str]]:
     """Open a block for the tile's edge ``edge``, loaded ahead: ``ta`` and ``ok_a`` (the edge is in
-    the tile and valid); returns the addresses of its x chunk in each x input and of its row in
-    each w input (none without a weighted path), by input."""
+    the tile and valid); returns the addresses of its chunk of each x block of ``members`` in each x
+    input, by ``(block's position in members, input)``, and of its row in each w input (none without
+    a weighted path), by input."""
     joint = schedule.joint
     problem = schedule.call.problem
-    weighted = _weighted(schedule, paths)
+    weighted = [p for *_, paths in members for p in _weighted(schedule, paths)]
     xs = joint.reads("x")
     w.open("")
     w(f"const int ta = {edge};")
     w(f"const bool ok_a = ta < count && {edge_ok('ta')};")
     rows = _ahead_rows(w, schedule, (["x"] if xs else []) + (["w"] if weighted else []))
-    x_chunks = {a: f"in{a} + {rows['x']} * {problem.operand_dim('x')}LL + {x_offset} + c * {WARP * dim}LL" for a in xs}
+    x_chunks = {(m, a): f"in{a} + {rows['x']} * {problem.operand_dim('x')}LL + {x_offset} + c * {WARP * dim}LL"
+                for m, (x_offset, _, dim, _) in enumerate(members) for a in xs}
     w_rows = {a: f"in{a} + {rows['w']} * {problem.operand_dim('w')}LL" for a in joint.reads("w")} if weighted else {}
     return x_chunks, w_rows
 
@@ -238,9 +243,9 @@ def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: i
     zero when the edge is past the tile or invalid (or ``x_condition`` is false), so that they are
     in flight while the current edge computes."""
     joint = schedule.joint
-    x_chunks, w_rows = _open_edge_ahead(w, schedule, x_offset, dim, paths, edge)
+    x_chunks, w_rows = _open_edge_ahead(w, schedule, [(x_offset, None, dim, paths)], edge)
     condition = f"ok_a && ({x_condition})" if x_condition else "ok_a"
-    for a, chunk in x_chunks.items():
+    for (_, a), chunk in x_chunks.items():
         w(f"cgtp_fetch<{dim}>(ax{joint.suffix('x', a)}, {chunk}, nrows * {dim}, lane, {condition});")
     _emit_weights_ahead(w, schedule, paths, w_rows,
                         lambda s, p: f"aw{s}_{p.ins_index} = ok_a && active ? pw{s}_a[{p.w_offset} + lc] : T(0);")
@@ -300,34 +305,44 @@ def _emit_x_from_ahead(w: Writer, schedule: KernelSchedule, dim: int) -> bool:
     return dim > 1
 
 
-def _ring_layout(schedule: KernelSchedule, dim: int, paths):
-    """Where a look-ahead slot holds each x input's 32 staged rows (by the input's suffix) and each
-    weighted path's 32 weights (by ``(instruction index, w input's suffix)``), and the slot's size."""
+def _members_paths(members) -> list[JointPath]:
+    """The paths of the x blocks ``members``, block after block."""
+    return [p for *_, paths in members for p in paths]
+
+
+def _ring_layout(schedule: KernelSchedule, members):
+    """Where a look-ahead slot for the x blocks ``members`` holds each block's 32 staged rows of each
+    x input (by ``(block's position in members, input's suffix)``) and each weighted path's 32
+    weights (by ``(instruction index, w input's suffix)``), and the slot's size."""
     joint = schedule.joint
-    width = stage_width(dim)
-    x_parts = {joint.suffix("x", a): n * WARP * width for n, a in enumerate(joint.reads("x"))}
-    offset = len(x_parts) * WARP * width
+    x_parts, offset = {}, 0
+    for m, (_, _, dim, _) in enumerate(members):
+        for a in joint.reads("x"):
+            x_parts[m, joint.suffix("x", a)] = offset
+            offset += WARP * stage_width(dim)
     w_parts = {}
     for a in joint.reads("w"):
-        for p in _weighted(schedule, paths):
+        for p in _weighted(schedule, _members_paths(members)):
             w_parts[p.ins_index, joint.suffix("w", a)] = offset
             offset += WARP
-    return x_parts, w_parts, ahead_slot(joint, dim, paths)
+    return x_parts, w_parts, ahead_slot(joint, members)
 
 
-def _emit_ring_fetch(w: Writer, schedule: KernelSchedule, x_offset: int, mul: int, dim: int, paths,
-                     edge: str) -> None:
-    """Copy the operands of the tile's edge ``edge`` for this chunk into its look-ahead slot
-    (nothing when the edge is past the tile or invalid), and commit them as one group: element by
-    element, or ``KernelSchedule.ring_copy_width`` elements per lane and copy."""
+def _emit_ring_fetch(w: Writer, schedule: KernelSchedule, members, edge: str) -> None:
+    """Copy the operands of the tile's edge ``edge`` for this chunk of the x blocks ``members`` into
+    its look-ahead slot (nothing when the edge is past the tile or invalid), and commit them as one
+    group: element by element, or ``KernelSchedule.ring_copy_width`` elements per lane and copy
+    where every block allows it."""
     joint = schedule.joint
-    x_parts, w_parts, size = _ring_layout(schedule, dim, paths)
-    width = schedule.ring_copy_width(x_offset, mul, paths)
-    x_chunks, w_rows = _open_edge_ahead(w, schedule, x_offset, dim, paths, edge)
+    x_parts, w_parts, size = _ring_layout(schedule, members)
+    width = min(schedule.ring_copy_width(x_offset, mul, paths) for x_offset, mul, _, paths in members)
+    paths = _members_paths(members)
+    x_chunks, w_rows = _open_edge_ahead(w, schedule, members, edge)
     w(f"T* const slot_a = stage_ahead + (ta % {schedule.ahead + 1}) * {size};")
     w.open("if (ok_a)")
-    for a, chunk in x_chunks.items():
-        slot = f"slot_a + {x_parts[joint.suffix('x', a)]}"
+    for (m, a), chunk in x_chunks.items():
+        dim = members[m][2]
+        slot = f"slot_a + {x_parts[m, joint.suffix('x', a)]}"
         if width > 1:
             w(f"cgtp_copy_vectors<{WARP * dim}, {width}>({slot}, {chunk}, lane);")
         else:
@@ -377,30 +392,34 @@ def _lane_group_offset(offsets: list[int]) -> str:
     return f"({chain})"
 
 
-def _emit_ring_fill(w: Writer, schedule: KernelSchedule, x_offset: int, mul: int, dim: int, paths) -> None:
-    """Start the look-ahead: the copies of the tile's first ``ahead`` edges."""
+def _emit_ring_fill(w: Writer, schedule: KernelSchedule, members) -> None:
+    """Start the look-ahead of the x blocks ``members``: the copies of the tile's first ``ahead`` edges."""
     w(f"// the x chunk and weights of the edge {schedule.ahead} ahead are copied into the ring while the current "
       "edge computes")
     w("__syncwarp();  // the ring's last readers are done")
     for d in range(schedule.ahead):
-        _emit_ring_fetch(w, schedule, x_offset, mul, dim, paths, str(d))
+        _emit_ring_fetch(w, schedule, members, str(d))
 
 
-def _take_ring(w: Writer, schedule: KernelSchedule, dim: int, paths) -> dict[tuple[int, int], str]:
+def _take_ring(w: Writer, schedule: KernelSchedule, members) -> dict[tuple[int, int], str]:
     """Wait for edge ``t``'s slot, point ``slot`` at it and take its weights (returned by
     ``(instruction index, w input)``); its x values are read later (:func:`_emit_x_from_ring`)."""
-    _, w_parts, size = _ring_layout(schedule, dim, paths)
+    _, w_parts, size = _ring_layout(schedule, members)
+    paths = _members_paths(members)
     w(f"cgtp_wait<{schedule.ahead - 1}>();  // edge t's copies have landed")
     w("__syncwarp();  // and every lane's are visible")
     w(f"const T* const slot = stage_ahead + (t % {schedule.ahead + 1}) * {size};")
     return _declare_weights(w, schedule, paths, lambda s, p: f"active ? slot[{w_parts[p.ins_index, s]} + lane] : T(0)")
 
 
-def _emit_x_from_ring(w: Writer, schedule: KernelSchedule, dim: int, paths) -> None:
-    """Registers ``x{s}_q`` of this lane's channel from edge ``t``'s slot."""
-    x_parts, _, _ = _ring_layout(schedule, dim, paths)
+def _emit_x_from_ring(w: Writer, schedule: KernelSchedule, members, m: int) -> None:
+    """Registers ``x{s}_q`` of this lane's channel in x block ``members[m]`` from edge ``t``'s slot."""
+    x_parts, _, _ = _ring_layout(schedule, members)
+    dim = members[m][2]
     width = stage_width(dim)
-    for s, offset in x_parts.items():
+    for (n, s), offset in x_parts.items():
+        if n != m:
+            continue
         for q in range(dim):
             w(f"const T x{s}_{q} = active ? slot[{offset} + lane * {width} + {q}] : T(0);")
 
@@ -422,22 +441,24 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
     y_values = _staged_y(schedule)
     if y_values:
         _emit_tile_y(w, schedule)
-    for x_offset, mul, dim, paths in joint.blocks:
+    for members in joint.walked_blocks:
+        x_offset, _, dim, _ = members[0]
+        paths = _members_paths(members)
         _emit_group_barrier(w, schedule)
-        _open_joint_chunks(w, x_offset, mul, dim, paths)
+        _open_joint_chunks(w, members)
         accumulators = _declare_z_chunks(w, paths) if held else [None] * len(paths)
         if tracked:
             w("long long cur = -1;")
         if schedule.ahead:
-            _emit_ring_fill(w, schedule, x_offset, mul, dim, paths)
+            _emit_ring_fill(w, schedule, members)
         else:
             _emit_ahead(w, schedule, x_offset, dim, paths)
         w("#pragma unroll 1")
         w.open("for (int t = 0; t < count; ++t)")
         emit_edge_header(w, schedule)
         if schedule.ahead:
-            weights = _take_ring(w, schedule, dim, paths)
-            _emit_ring_fetch(w, schedule, x_offset, mul, dim, paths, f"t + {schedule.ahead}")
+            weights = _take_ring(w, schedule, members)
+            _emit_ring_fetch(w, schedule, members, f"t + {schedule.ahead}")
         else:
             weights = _take_ahead(w, schedule, dim, paths)
             _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1")
@@ -451,12 +472,20 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
         if not y_values:
             _emit_joint_rows(w, schedule, ("y",))
         if schedule.ahead:
-            _emit_x_from_ring(w, schedule, dim, paths)
+            names = iter(accumulators)
+            for m, (*_, group) in enumerate(members):
+                if len(members) > 1:
+                    w.open("")  # the block's x registers, in a scope of their own
+                _emit_x_from_ring(w, schedule, members, m)
+                for path in group:
+                    _emit_joint_path(w, schedule, path, weights, z_acc=next(names), y_values=y_values)
+                if len(members) > 1:
+                    w.close()
             staged = False
         else:
             staged = _emit_x_from_ahead(w, schedule, dim)
-        for path, names in zip(paths, accumulators):
-            _emit_joint_path(w, schedule, path, weights, z_acc=names, y_values=y_values)
+            for path, names in zip(paths, accumulators):
+                _emit_joint_path(w, schedule, path, weights, z_acc=names, y_values=y_values)
         if staged:
             w("__syncwarp();")
         w.close()
@@ -513,7 +542,7 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
     for n_block, (x_offset, mul, dim, paths) in enumerate(joint.blocks):
         added = any(other[0] == x_offset for other in joint.blocks[:n_block])  # x̄ of an earlier group there
         _emit_group_barrier(w, schedule)
-        _open_joint_chunks(w, x_offset, mul, dim, paths)
+        _open_joint_chunks(w, [(x_offset, mul, dim, paths)])
         w("long long cur = -1, cur_x = -1;")
         for s in xs:
             w(f"T {', '.join(f'xr{s}_{q} = T(0)' for q in range(dim))};")

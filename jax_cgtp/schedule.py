@@ -74,6 +74,18 @@ SCATTER_Z_MIN_TERMS = 1000
 # block at once: l <= 5 blocks have up to 174, which spilled (18.8 KB per thread in float64).
 # The other public configs' blocks have at most 51, so their walks keep whole blocks.
 MAX_Z_COMPONENTS = 64
+# A forward walk by destination with the look-ahead ring walks consecutive x blocks of equal ``mul``
+# together (one pass over the edges for each chunk, one ring slot per edge holding all of their x
+# chunks and weights) while their z chunks take at most MERGED_WALK_Z_COMPONENTS components. Each
+# walk of a chunk pays for the ring's fill and, per edge, for the wait, the index shuffles and the
+# y loads: splitting mace-l2-c128's 2e block in two (MAX_Z_COMPONENTS 40) took its conv_fwd 1.09x
+# and 1.12x the time. Merged up to 64 against each block alone (H200, same process, 3 rounds;
+# benchmarks/results/nvidia-h200/merged-walks/): the deterministic conv_fwd 0.81-0.97x on six uvu
+# configs in float32 and 0.84-1.00x in float64 (mace-l2-c128 0.965x and 0.917x, nequip-lips 0.86x
+# and 0.85x, mace-medium 0.81x and 0.88x), the atomic one 0.79-0.96x and 0.82-1.00x;
+# nequip-revmd17-benzene's atomic walk merges two of its eight blocks (0.98x and 0.995x) and its
+# deterministic one, in lockstep, none (1.01x). Up to 40 gained less (0.79-1.01x): it merges fewer.
+MERGED_WALK_Z_COMPONENTS = 64
 # A joint pass transposes each output chunk through shared memory, so that the warp writes whole
 # rows of e3nn's mul_ir layout. The deterministic forward by destination writes each node's z row
 # once, after the node's edges, and lane by lane (strided) it took 0.88-1.01x the time on the
@@ -455,6 +467,15 @@ class JointPass:
     terms: tuple[JointTerm, ...]
     by_destination: bool = False
     walk: bool = False  # inside each chunk, the tile's edges in order (every pass by destination)
+    # a forward walk's groups of consecutive blocks (indices into ``blocks``) that walk the tile
+    # together, chunk by chunk, one look-ahead slot holding all of their operands (empty: each alone)
+    walk_groups: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def walked_blocks(self) -> tuple[tuple[tuple[int, int, int, tuple[JointPath, ...]], ...], ...]:
+        """The blocks a forward walk walks together, group by group (:attr:`walk_groups`)."""
+        groups = self.walk_groups or tuple((n,) for n in range(len(self.blocks)))
+        return tuple(tuple(self.blocks[n] for n in group) for group in groups)
 
     @property
     def cg_terms(self) -> int:
@@ -850,9 +871,7 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
     total = code([p for *_, paths in blocks for p in paths])
     limits = []
     if set(roles) == {"z"} and by_destination:
-        limit = MAX_Z_COMPONENTS
-        if outputs[0].flush == "atomic" and total > SCATTER_Z_MIN_TERMS:
-            limit = min(limit, SCATTER_Z_COMPONENTS.get(itemsize, limit))
+        limit = _z_components(outputs[0].flush, total, itemsize, MAX_Z_COMPONENTS)
         limits.append(lambda group: sum(p.z_dim for p in group) <= limit)
     if by_destination and total > GROUPED_TERMS_BY_DESTINATION:
         x_flush = next((o.flush for o in outputs if o.role == "x"), None)
@@ -872,6 +891,14 @@ def _joint_pass(call: Call, outputs, itemsize: int) -> JointPass | None:
                      walk)
 
 
+def _z_components(flush: str, cg_terms: int, itemsize: int, limit: int) -> int:
+    """The most z components a forward walk by destination holds at once, at most ``limit``: fewer
+    (SCATTER_Z_COMPONENTS) in an atomic walk of more than SCATTER_Z_MIN_TERMS CG terms."""
+    if flush == "atomic" and cg_terms > SCATTER_Z_MIN_TERMS:
+        return min(limit, SCATTER_Z_COMPONENTS.get(itemsize, limit))
+    return limit
+
+
 def _split_paths(blocks, fits):
     """Each x block's paths in consecutive groups for which ``fits(paths)`` holds (a path that
     alone does not is a group of its own); every group is a block of its own, so a walk holds only
@@ -887,11 +914,31 @@ def _split_paths(blocks, fits):
     return result
 
 
-def ahead_slot(joint: JointPass, x_dim: int, paths) -> int:
-    """Elements of one slot of a forward walk's look-ahead ring for a block of ``paths`` (x of
-    dimension ``x_dim``): 32 staged x rows per x input, then 32 weights per weighted path and w input."""
-    weighted = sum(p.w_offset is not None for p in paths) if joint.reads("w") else 0
-    return WARP * (stage_width(x_dim) * len(joint.reads("x")) + weighted * len(joint.reads("w")))
+def ahead_slot(joint: JointPass, members) -> int:
+    """Elements of one slot of a forward walk's look-ahead ring for blocks ``members`` walked together
+    (:attr:`JointPass.walked_blocks`): 32 staged x rows per block and x input, then 32 weights per
+    weighted path and w input."""
+    weighted = sum(p.w_offset is not None for *_, paths in members for p in paths) if joint.reads("w") else 0
+    x_rows = sum(stage_width(x_dim) for _, _, x_dim, _ in members) * len(joint.reads("x"))
+    return WARP * (x_rows + weighted * len(joint.reads("w")))
+
+
+def _walk_groups(joint: JointPass, limit: int) -> tuple[tuple[int, ...], ...]:
+    """Consecutive blocks of equal ``mul`` whose z chunks take at most ``limit`` components together,
+    walked as one group (MERGED_WALK_Z_COMPONENTS); a pass split by the size of its code keeps its
+    groups apart."""
+    if joint.cg_terms > GROUPED_TERMS_BY_DESTINATION:
+        return ()
+    groups, width = [], 0
+    for n, (_, mul, _, paths) in enumerate(joint.blocks):
+        z = sum(p.z_dim for p in paths)
+        if groups and joint.blocks[groups[-1][-1]][1] == mul and width + z <= limit:
+            groups[-1].append(n)
+            width += z
+        else:
+            groups.append([n])
+            width = z
+    return tuple(map(tuple, groups))
 
 
 def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool, ahead: int,
@@ -905,9 +952,9 @@ def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool, ahead: int,
     backward = set(outputs) != {"z"}
     stage: dict[str, int] = {}
     transpose = 0
+    if ahead:
+        stage["ahead"] = max((ahead + 1) * ahead_slot(joint, members) for members in joint.walked_blocks)
     for _, _, x_dim, paths in joint.blocks:
-        if ahead:
-            stage["ahead"] = max(stage.get("ahead", 0), (ahead + 1) * ahead_slot(joint, x_dim, paths))
         for p in paths:
             for role, dim in (("x", p.x_dim), ("z", p.z_dim)):
                 if dim > 1 and (role == "x" and not ahead or backward):
@@ -1234,6 +1281,9 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
         depth = OWNED_AHEAD_DEPTH if own_runs else AHEAD_DEPTH
         registers_ahead = forward_walk and _registers_ahead(joint, itemsize)
         ahead = depth if forward_walk and not lockstep and not registers_ahead else 0
+        if ahead and MERGED_WALK_Z_COMPONENTS:
+            limit = _z_components(outputs[0].flush, joint.cg_terms, itemsize, MERGED_WALK_Z_COMPONENTS)
+            joint = dataclasses.replace(joint, walk_groups=_walk_groups(joint, limit))
         if joint is not None:
             stage_y = joint.walk and bool(joint.reads("y")) and call.kind("y") == BATCHED
             z_lane_writes = any(o.lane_writes for o in outputs)

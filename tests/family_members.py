@@ -69,6 +69,13 @@ def interleaved_whole_chunks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **
     return pair(("32x0e+32x1o", "0e+1o+2e", "32x0e+32x1o+32x2e+32x1o", instructions, {}), cls, kernels, **options)
 
 
+def equal_mul_blocks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
+    """33x0e+33x1o+5x2e over 0e+1o+2e: two consecutive x blocks of 33 channels (a partial second
+    chunk) and one of 5. On the kernels' backend and on the reference."""
+    tp = jax_cgtp.channelwise_tensor_product("33x0e+33x1o+5x2e", "0e+1o+2e", filter_ir_out="0e+1o+2e")
+    return _same_problem_pair(tp, cls, kernels, options)
+
+
 def wide_block_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     """A product whose x blocks have many paths: 1o and 2e over ``0e+1o+2e+3o``, every output
     (48 and 65 z components per block, more than a float64 walk by destination holds at once).

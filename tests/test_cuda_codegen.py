@@ -304,9 +304,11 @@ def test_long_code_walks_the_tile_in_path_groups(dtype, planned_with):
 @pytest.mark.parametrize("dtype", ["float", "double"])
 def test_only_the_convolution_forward_looks_ahead_through_a_ring(dtype):
     """The forward by destination stages its x rows in the look-ahead ring (no ``stage_x``) of
-    ``AHEAD_DEPTH + 1`` slots (``OWNED_AHEAD_DEPTH + 1`` when deterministic), each the widest
-    block's 32 x rows and weights, but in float32 not when it walks in groups of paths (long
-    code: it keeps the next edge in registers, at GROUPED_FORWARD_BLOCKS blocks per SM); the product's walk and the convolution's backward keep the next edge in registers."""
+    ``AHEAD_DEPTH + 1`` slots (``OWNED_AHEAD_DEPTH + 1`` when deterministic), each the 32 x rows and
+    weights of the widest group of blocks walked together, but in float32 not when it walks in
+    groups of paths (long code: it keeps the next edge in registers, at GROUPED_FORWARD_BLOCKS
+    blocks per SM); the product's walk and the convolution's backward keep the next edge in
+    registers."""
     problem = mace_problem()
     conv = (INDEXED, BATCHED, BATCHED, INDEXED)
     for deterministic, depth in ((False, schedule.AHEAD_DEPTH), (True, schedule.OWNED_AHEAD_DEPTH)):
@@ -315,7 +317,7 @@ def test_only_the_convolution_forward_looks_ahead_through_a_ring(dtype):
         buffers = dict(forward.stage_sizes)
         assert forward.ahead == depth > 0 and "x" not in buffers
         assert buffers["ahead"] == (depth + 1) * max(
-            schedule.ahead_slot(forward.joint, dim, paths) for _, _, dim, paths in forward.joint.blocks)
+            schedule.ahead_slot(forward.joint, members) for members in forward.joint.walked_blocks)
     assert schedule.OWNED_AHEAD_DEPTH != schedule.AHEAD_DEPTH
     (backward,) = schedule.plan(backward_call(problem, conv, rows=(10, None, None, 10)), dtype, "int")
     (walk,) = schedule.plan(forward_call(long_code_pair(kernels="auto")[0].problem, (BATCHED,) * 4), dtype, "int")
@@ -329,6 +331,29 @@ def test_only_the_convolution_forward_looks_ahead_through_a_ring(dtype):
     assert grouped.min_blocks == (schedule.GROUPED_FORWARD_BLOCKS if dtype == "float" else 0)
     if dtype == "float":  # ptxas' occupancy target: GROUPED_FORWARD_BLOCKS blocks per SM
         assert f"__launch_bounds__(128, {schedule.GROUPED_FORWARD_BLOCKS})" in codegen.generate(grouped)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_forward_walk_takes_consecutive_blocks_of_one_mul_together(deterministic, planned_with):
+    """A forward walk by destination walks consecutive x blocks of equal ``mul`` as one group while
+    their z chunks take at most MERGED_WALK_Z_COMPONENTS components: one ring slot per edge holds
+    all of their x chunks and weights, and each block's x registers live in a scope of their own.
+    A block of another ``mul`` walks alone, and so does every block at 0."""
+    problem = jax_cgtp.channelwise_tensor_product("128x0e+128x1o+128x2e+32x1e", "0e+1o+2e+3o",
+                                                  filter_ir_out="0e+1o+2e").problem
+    call = forward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10),
+                        deterministic=deterministic)
+    for limit, groups in ((64, ((0, 1, 2), (3,))), (30, ((0, 1), (2,), (3,))), (0, ())):
+        planned_with(MERGED_WALK_Z_COMPONENTS=limit)
+        (forward,) = schedule.plan(call, "float", "int")
+        joint = forward.joint
+        assert [sum(p.z_dim for p in paths) for *_, paths in joint.blocks] == [9, 17, 17, 8]
+        assert joint.walk_groups == groups
+        slots = [schedule.ahead_slot(joint, members) for members in joint.walked_blocks]
+        assert dict(forward.stage_sizes)["ahead"] == (forward.ahead + 1) * max(slots)
+        source = codegen.generate(forward)
+        assert source.count("const T x_0 = active ? slot[") == len(joint.blocks)
+        assert source.count("cgtp_wait<") == len(joint.walked_blocks)
 
 
 @pytest.mark.parametrize("dtype, batches", [("float", [19]), ("double", [12, 7])])

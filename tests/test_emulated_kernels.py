@@ -14,10 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from family_members import (assert_close, conv_members, conv_second_derivatives, fully_connected_pair, grouping_index,
-                            high_l_pair, in_float64, interleaved_whole_chunks_pair, members, pair, random_graph,
-                            second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients, whole_chunks_pair,
-                            wide_block_pair, with_sorted_graph)
+from family_members import (assert_close, conv_members, conv_second_derivatives, equal_mul_blocks_pair,
+                            fully_connected_pair, grouping_index, high_l_pair, in_float64,
+                            interleaved_whole_chunks_pair, members, pair, random_graph, second_derivatives,
+                            spherical_harmonics_pair, squared_norm_and_gradients, whole_chunks_pair, wide_block_pair,
+                            with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -519,6 +520,29 @@ def test_convolution_forward_ring_copies_sixteen_bytes_per_lane(problem, determi
     source = codegen.generate(walks[0])
     assert VECTOR_COPY.search(source) and "cgtp_copy_element(slot_a" not in source
     assert ("n_a == 0 ?" in source) == (problem == "interleaved paths" and width == 4)  # (two are evenly spaced)
+    expected = jax.jit(functools.partial(forward_and_jvp, reference))(*in_float64((x, y, w, *tangents)))
+    assert_close(actual, expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_convolution_forward_walks_blocks_of_one_mul_together(deterministic, dtype):
+    """The 0e and 1o blocks of 33 channels walk as one group (a partial chunk: copied into the ring
+    element by element), the 5-channel 2e block alone; the forward and its JVP (two x and two w
+    inputs) match the reference."""
+    kernels, reference = equal_mul_blocks_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(65), kernels, 9, 70, dtype, bad_fraction=0.1)
+    tangents = tuple(jax.random.normal(jax.random.PRNGKey(66 + n), a.shape, a.dtype) for n, a in enumerate((x, y, w)))
+
+    def forward_and_jvp(conv, *arrays):
+        primals, dots = arrays[:3], arrays[3:]
+        return jax.jvp(lambda *a: conv(*a, src, dst, 9), primals, dots)
+
+    before = _launches()
+    actual = jax.jit(functools.partial(forward_and_jvp, kernels))(x, y, w, *tangents)
+    walks = [k for k in kernel_emulator.launched()[before:] if k.ahead]
+    assert walks and all(k.joint.walk_groups == ((0, 1), (2,)) for k in walks)
+    assert not VECTOR_COPY.search(codegen.generate(walks[0]))
     expected = jax.jit(functools.partial(forward_and_jvp, reference))(*in_float64((x, y, w, *tangents)))
     assert_close(actual, expected, dtype)
 

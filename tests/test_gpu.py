@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 from family_members import (OWNED_FORWARD_RULE, assert_close, conv_members, conv_second_derivatives,
-                            fully_connected_pair, grouping_index, high_l_pair, in_float64,
+                            equal_mul_blocks_pair, fully_connected_pair, grouping_index, high_l_pair, in_float64,
                             interleaved_whole_chunks_pair, long_code_pair, members, pair, random_graph,
                             relative_error, second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients,
                             whole_chunks_pair, wide_block_pair, with_sorted_graph)
@@ -418,6 +418,23 @@ def test_convolution_forward_ring_of_sixteen_byte_copies_matches_reference(dtype
                             sorted_by_dst=sorted_by_dst)
         walks = [k for k in planned_kernels(functools.partial(cuda, num_nodes=300), *args) if k.ahead]
         assert walks and all(k.ring_copy_width(o, mul, paths) > 1 for k in walks for o, mul, _, paths in k.joint.blocks)
+        _assert_conv_members_match(cuda, reference, 300, args, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("sorted_by_dst", [False, True])
+@pytest.mark.parametrize("make_pair", [whole_chunks_pair, equal_mul_blocks_pair])
+def test_convolution_forward_walks_blocks_of_one_mul_together(dtype, sorted_by_dst, make_pair):
+    """The forward by destination walks consecutive x blocks of equal ``mul`` as one group
+    (``schedule.MERGED_WALK_Z_COMPONENTS``), their x chunks and weights in one ring slot per edge:
+    16-byte copies for 64-channel blocks, element copies for 33; atomic and deterministic; every
+    member."""
+    for deterministic in (False, True):
+        cuda, reference = make_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
+        args = random_graph(jax.random.PRNGKey(66), cuda, 300, 5000, dtype, bad_fraction=0.05,
+                            sorted_by_dst=sorted_by_dst)
+        walks = [k for k in planned_kernels(functools.partial(cuda, num_nodes=300), *args) if k.ahead]
+        assert walks and all(any(len(group) > 1 for group in k.joint.walk_groups) for k in walks)
         _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 

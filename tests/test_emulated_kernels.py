@@ -493,6 +493,26 @@ def test_convolution_forward_looks_ahead_through_a_ring(depth, deterministic, pl
 VECTOR_COPY = re.compile(r"cgtp_copy_vectors?<\d")  # a generated 16-byte copy (not the header's definition)
 
 
+def _forward_and_jvp_walks(make_pair, deterministic, dtype, seed):
+    """A convolution's forward and JVP (two x and two w inputs) on 9 nodes and 70 edges, on
+    ``make_pair``'s kernels and on its reference: ``(walks, actual, expected)``, ``walks`` the
+    schedules of the kernels' forward walks with a look-ahead ring."""
+    kernels, reference = make_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(seed), kernels, 9, 70, dtype, bad_fraction=0.1)
+    tangents = tuple(jax.random.normal(jax.random.PRNGKey(seed + 1 + n), a.shape, a.dtype)
+                     for n, a in enumerate((x, y, w)))
+
+    def forward_and_jvp(conv, *arrays):
+        primals, dots = arrays[:3], arrays[3:]
+        return jax.jvp(lambda *a: conv(*a, src, dst, 9), primals, dots)
+
+    before = _launches()
+    actual = jax.jit(functools.partial(forward_and_jvp, kernels))(x, y, w, *tangents)
+    walks = [k for k in kernel_emulator.launched()[before:] if k.ahead]
+    expected = jax.jit(functools.partial(forward_and_jvp, reference))(*in_float64((x, y, w, *tangents)))
+    return walks, actual, expected
+
+
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("problem", ["whole chunks", "interleaved paths"])
@@ -503,24 +523,13 @@ def test_convolution_forward_ring_copies_sixteen_bytes_per_lane(problem, determi
     their offsets evenly spaced or not.
     The forward and its JVP (two x and two w inputs) match the reference."""
     make_pair = whole_chunks_pair if problem == "whole chunks" else interleaved_whole_chunks_pair
-    kernels, reference = make_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
-    x, y, w, src, dst = random_graph(jax.random.PRNGKey(61), kernels, 9, 70, dtype, bad_fraction=0.1)
-    tangents = tuple(jax.random.normal(jax.random.PRNGKey(62 + n), a.shape, a.dtype) for n, a in enumerate((x, y, w)))
-
-    def forward_and_jvp(conv, *arrays):
-        primals, dots = arrays[:3], arrays[3:]
-        return jax.jvp(lambda *a: conv(*a, src, dst, 9), primals, dots)
-
-    before = _launches()
-    actual = jax.jit(functools.partial(forward_and_jvp, kernels))(x, y, w, *tangents)
-    walks = [k for k in kernel_emulator.launched()[before:] if k.ahead]
+    walks, actual, expected = _forward_and_jvp_walks(make_pair, deterministic, dtype, 61)
     width = 16 // jnp.dtype(dtype).itemsize
     assert walks and all(k.ring_copy_width(x_offset, mul, paths) == width
                          for k in walks for x_offset, mul, _, paths in k.joint.blocks)
     source = codegen.generate(walks[0])
     assert VECTOR_COPY.search(source) and "cgtp_copy_element(slot_a" not in source
     assert ("n_a == 0 ?" in source) == (problem == "interleaved paths" and width == 4)  # (two are evenly spaced)
-    expected = jax.jit(functools.partial(forward_and_jvp, reference))(*in_float64((x, y, w, *tangents)))
     assert_close(actual, expected, dtype)
 
 
@@ -530,20 +539,9 @@ def test_convolution_forward_walks_blocks_of_one_mul_together(deterministic, dty
     """The 0e and 1o blocks of 33 channels walk as one group (a partial chunk: copied into the ring
     element by element), the 5-channel 2e block alone; the forward and its JVP (two x and two w
     inputs) match the reference."""
-    kernels, reference = equal_mul_blocks_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
-    x, y, w, src, dst = random_graph(jax.random.PRNGKey(65), kernels, 9, 70, dtype, bad_fraction=0.1)
-    tangents = tuple(jax.random.normal(jax.random.PRNGKey(66 + n), a.shape, a.dtype) for n, a in enumerate((x, y, w)))
-
-    def forward_and_jvp(conv, *arrays):
-        primals, dots = arrays[:3], arrays[3:]
-        return jax.jvp(lambda *a: conv(*a, src, dst, 9), primals, dots)
-
-    before = _launches()
-    actual = jax.jit(functools.partial(forward_and_jvp, kernels))(x, y, w, *tangents)
-    walks = [k for k in kernel_emulator.launched()[before:] if k.ahead]
+    walks, actual, expected = _forward_and_jvp_walks(equal_mul_blocks_pair, deterministic, dtype, 65)
     assert walks and all(k.joint.walk_groups == ((0, 1), (2,)) for k in walks)
     assert not VECTOR_COPY.search(codegen.generate(walks[0]))
-    expected = jax.jit(functools.partial(forward_and_jvp, reference))(*in_float64((x, y, w, *tangents)))
     assert_close(actual, expected, dtype)
 
 

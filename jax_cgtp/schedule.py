@@ -924,21 +924,29 @@ def ahead_slot(joint: JointPass, members) -> int:
 
 
 def _walk_groups(joint: JointPass, limit: int) -> tuple[tuple[int, ...], ...]:
-    """Consecutive blocks of equal ``mul`` whose z chunks take at most ``limit`` components together,
-    walked as one group (MERGED_WALK_Z_COMPONENTS); a pass split by the size of its code keeps its
-    groups apart."""
+    """Consecutive blocks of equal ``mul`` walked as one group while their z chunks take at most
+    ``limit`` components together (MERGED_WALK_Z_COMPONENTS): the fewest groups, and of those the
+    partition whose widest group is narrowest (fewest registers). A pass split by the size of its
+    code keeps its groups apart."""
     if joint.cg_terms > GROUPED_TERMS_BY_DESTINATION:
         return ()
-    groups, width = [], 0
-    for n, (_, mul, _, paths) in enumerate(joint.blocks):
-        z = sum(p.z_dim for p in paths)
-        if groups and joint.blocks[groups[-1][-1]][1] == mul and width + z <= limit:
-            groups[-1].append(n)
-            width += z
-        else:
-            groups.append([n])
-            width = z
-    return tuple(map(tuple, groups))
+    widths = [sum(p.z_dim for p in paths) for *_, paths in joint.blocks]
+    muls = [mul for _, mul, _, _ in joint.blocks]
+
+    def packed(cap):  # the fewest groups of at most ``cap`` components (a wider block alone)
+        groups, width = [], 0
+        for n, z in enumerate(widths):
+            if groups and muls[groups[-1][-1]] == muls[n] and width + z <= cap:
+                groups[-1].append(n)
+                width += z
+            else:
+                groups.append([n])
+                width = z
+        return groups
+
+    fewest = len(packed(limit))
+    narrowest = next(cap for cap in range(limit + 1) if len(packed(cap)) == fewest)
+    return tuple(map(tuple, packed(narrowest)))
 
 
 def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool, ahead: int,

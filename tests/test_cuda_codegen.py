@@ -4,6 +4,7 @@ import collections
 import dataclasses
 import os
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -354,6 +355,22 @@ def test_forward_walk_takes_consecutive_blocks_of_one_mul_together(deterministic
         source = codegen.generate(forward)
         assert source.count("const T x_0 = active ? slot[") == len(joint.blocks)
         assert source.count("cgtp_wait<") == len(joint.walked_blocks)
+
+
+def test_walk_groups_are_fewest_then_narrowest():
+    """Of the partitions of blocks into the fewest groups under the cap, the one whose widest group
+    is narrowest: nequip-lips' six blocks (9, 9, 20, 20, 22 and 22 z components) under 96 are 58 + 44,
+    not 80 + 22; a change of ``mul`` always starts a group, and a block wider than the cap walks alone."""
+    def joint(*blocks):
+        return types.SimpleNamespace(cg_terms=0, blocks=tuple(
+            (0, mul, 1, (types.SimpleNamespace(z_dim=z),)) for mul, z in blocks))
+
+    lips = joint(*((32, z) for z in (9, 9, 20, 20, 22, 22)))
+    assert schedule._walk_groups(lips, 96) == ((0, 1, 2, 3), (4, 5))
+    assert schedule._walk_groups(lips, 64) == ((0, 1, 2, 3), (4, 5))
+    assert schedule._walk_groups(lips, 40) == ((0, 1, 2), (3,), (4,), (5,))
+    assert schedule._walk_groups(joint((128, 16), (128, 24), (128, 31)), 96) == ((0, 1, 2),)
+    assert schedule._walk_groups(joint((128, 9), (32, 9), (32, 70), (32, 5)), 64) == ((0,), (1,), (2,), (3,))
 
 
 @pytest.mark.parametrize("dtype, batches", [("float", [19]), ("double", [12, 7])])

@@ -236,18 +236,26 @@ def _open_edge_ahead(w: Writer, schedule: KernelSchedule, members,
     return x_chunks, w_rows
 
 
-def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, edge: str,
-                      x_condition: str = "") -> None:
-    """Load the operands of the tile's edge ``edge`` for this chunk into registers (``ax{s}``: the
-    chunk's coalesced elements of x input ``s``; ``aw{s}_n``: path n's weight in w input ``s``),
-    zero when the edge is past the tile or invalid (or ``x_condition`` is false), so that they are
-    in flight while the current edge computes."""
+def _member_tag(members, m: int) -> str:
+    """What tells the registers of x block ``members[m]`` apart from the other members': nothing
+    when the walk takes one block, else ``_m``."""
+    return f"_{m}" if len(members) > 1 else ""
+
+
+def _emit_fetch_ahead(w: Writer, schedule: KernelSchedule, members, edge: str, x_condition: str = "") -> None:
+    """Load the operands of the tile's edge ``edge`` for this chunk of the x blocks ``members`` into
+    registers (``ax{s}{tag}``: the chunk's coalesced elements of x input ``s`` in the block tagged
+    ``tag``, :func:`_member_tag`; ``aw{s}_n``: path n's weight in w input ``s``), zero when the edge
+    is past the tile or invalid (or ``x_condition`` is false), so that they are in flight while the
+    current edge computes."""
     joint = schedule.joint
-    x_chunks, w_rows = _open_edge_ahead(w, schedule, [(x_offset, None, dim, paths)], edge)
+    x_chunks, w_rows = _open_edge_ahead(w, schedule, members, edge)
     condition = f"ok_a && ({x_condition})" if x_condition else "ok_a"
-    for (_, a), chunk in x_chunks.items():
-        w(f"cgtp_fetch<{dim}>(ax{joint.suffix('x', a)}, {chunk}, nrows * {dim}, lane, {condition});")
-    _emit_weights_ahead(w, schedule, paths, w_rows,
+    for (m, a), chunk in x_chunks.items():
+        dim = members[m][2]
+        w(f"cgtp_fetch<{dim}>(ax{joint.suffix('x', a)}{_member_tag(members, m)}, {chunk}, nrows * {dim}, lane, "
+          f"{condition});")
+    _emit_weights_ahead(w, schedule, _members_paths(members), w_rows,
                         lambda s, p: f"aw{s}_{p.ins_index} = ok_a && active ? pw{s}_a[{p.w_offset} + lc] : T(0);")
     w.close()
 
@@ -262,43 +270,46 @@ def _emit_weights_ahead(w: Writer, schedule: KernelSchedule, paths, w_rows: dict
             w(statement(s, p))
 
 
-def _emit_ahead(w: Writer, schedule: KernelSchedule, x_offset: int, dim: int, paths, x_condition: str = "") -> None:
-    """Declare the look-ahead registers of a chunk and load them for the tile's first edge."""
+def _emit_ahead(w: Writer, schedule: KernelSchedule, members, x_condition: str = "") -> None:
+    """Declare the look-ahead registers of a chunk of the x blocks ``members`` and load them for the
+    tile's first edge."""
     joint = schedule.joint
-    for a in joint.reads("x"):
-        w(f"T ax{joint.suffix('x', a)}[{dim}];")
-    weighted = _weighted(schedule, paths)
+    for m, (_, _, dim, _) in enumerate(members):
+        for a in joint.reads("x"):
+            w(f"T ax{joint.suffix('x', a)}{_member_tag(members, m)}[{dim}];")
+    weighted = _weighted(schedule, _members_paths(members))
     for a in joint.reads("w") if weighted else ():
         s = joint.suffix("w", a)
         w(f"T {', '.join(f'aw{s}_{p.ins_index}' for p in weighted)};")
     w("// the next edge's x chunk and weights are loaded while the current edge computes")
-    _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "0", x_condition)
+    _emit_fetch_ahead(w, schedule, members, "0", x_condition)
 
 
-def _take_ahead(w: Writer, schedule: KernelSchedule, dim: int, paths) -> dict[str, str]:
+def _take_ahead(w: Writer, schedule: KernelSchedule, members) -> dict[str, str]:
     """Copy the look-ahead registers (this edge's operands) before they are refilled; returns the
     current weight of each weighted path and w input, by ``(instruction index, input)``."""
     joint = schedule.joint
-    for a in joint.reads("x"):
-        s = joint.suffix("x", a)
-        w(f"T cx{s}[{dim}] = {{{', '.join(f'ax{s}[{r}]' for r in range(dim))}}};")
-    return _declare_weights(w, schedule, paths, lambda s, p: f"aw{s}_{p.ins_index}")
+    for m, (_, _, dim, _) in enumerate(members):
+        for a in joint.reads("x"):
+            s = joint.suffix("x", a) + _member_tag(members, m)
+            w(f"T cx{s}[{dim}] = {{{', '.join(f'ax{s}[{r}]' for r in range(dim))}}};")
+    return _declare_weights(w, schedule, _members_paths(members), lambda s, p: f"aw{s}_{p.ins_index}")
 
 
-def _emit_x_from_ahead(w: Writer, schedule: KernelSchedule, dim: int) -> bool:
-    """Registers ``x{s}_q`` of this lane's channel from the taken chunk ``cx{s}`` of each x input
-    (transposed through the warp's staging rows when ``dim > 1``, one input after the other);
+def _emit_x_from_ahead(w: Writer, schedule: KernelSchedule, dim: int, tag: str = "") -> bool:
+    """Registers ``x{s}_q`` of this lane's channel from the taken chunk ``cx{s}{tag}`` of each x
+    input (transposed through the warp's staging rows when ``dim > 1``, one input after the other);
     True if staged (the caller syncs before the next use)."""
     joint = schedule.joint
     for n, a in enumerate(joint.reads("x")):
         s = joint.suffix("x", a)
         if dim == 1:
-            w(f"const T x{s}_0 = cx{s}[0];")
+            w(f"const T x{s}_0 = cx{s}{tag}[0];")
             continue
         if n:
             w("__syncwarp();  // the previous input's elements are read")
         width = stage_width(dim)
-        w(f"cgtp_unpack<{dim}, {width}>(stage_x, cx{s}, lane);")
+        w(f"cgtp_unpack<{dim}, {width}>(stage_x, cx{s}{tag}, lane);")
         w("__syncwarp();")
         for q in range(dim):
             w(f"const T x{s}_{q} = live ? stage_x[lane * {width} + {q}] : T(0);")
@@ -442,7 +453,7 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
     if y_values:
         _emit_tile_y(w, schedule)
     for members in joint.walked_blocks:
-        x_offset, _, dim, _ = members[0]
+        dim = members[0][2]
         paths = _members_paths(members)
         _emit_group_barrier(w, schedule)
         _open_joint_chunks(w, members)
@@ -452,7 +463,7 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
         if schedule.ahead:
             _emit_ring_fill(w, schedule, members)
         else:
-            _emit_ahead(w, schedule, x_offset, dim, paths)
+            _emit_ahead(w, schedule, members)
         w("#pragma unroll 1")
         w.open("for (int t = 0; t < count; ++t)")
         emit_edge_header(w, schedule)
@@ -460,8 +471,8 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
             weights = _take_ring(w, schedule, members)
             _emit_ring_fetch(w, schedule, members, f"t + {schedule.ahead}")
         else:
-            weights = _take_ahead(w, schedule, dim, paths)
-            _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1")
+            weights = _take_ahead(w, schedule, members)
+            _emit_fetch_ahead(w, schedule, members, "t + 1")
         w("if (!ok) continue;")
         if tracked:
             w.open("if (cur >= 0 && ix_z != cur)")
@@ -539,27 +550,34 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
     x_row, z_row = row_of(schedule, "x"), row_of(schedule, "z")
     x_out = schedule.outputs[outs["x"]] if "x" in outs else None
     z_out = schedule.outputs[outs["z"]] if "z" in outs else None
-    for n_block, (x_offset, mul, dim, paths) in enumerate(joint.blocks):
-        added = any(other[0] == x_offset for other in joint.blocks[:n_block])  # x̄ of an earlier group there
+    for n_group, members in enumerate(joint.walked_blocks):
+        paths = _members_paths(members)
+        tags = [_member_tag(members, m) for m in range(len(members))]
+        first = sum(len(group) for group in joint.walked_blocks[:n_group])  # the group's first block
+        # x̄ of an earlier block at the block's offset (a group of its paths): its flushes add
+        added = [any(other[0] == x_offset for other in joint.blocks[:first + m])
+                 for m, (x_offset, *_) in enumerate(members)]
         _emit_group_barrier(w, schedule)
-        _open_joint_chunks(w, [(x_offset, mul, dim, paths)])
+        _open_joint_chunks(w, members)
         w("long long cur = -1, cur_x = -1;")
-        for s in xs:
-            w(f"T {', '.join(f'xr{s}_{q} = T(0)' for q in range(dim))};")
+        for tag, (_, _, dim, _) in zip(tags, members):
+            for s in xs:
+                w(f"T {', '.join(f'xr{s}{tag}_{q} = T(0)' for q in range(dim))};")
         accumulators = _declare_z_chunks(w, paths) if z_out else []
         if "x" in outs:
-            w(f"T {', '.join(f'gx_{q} = T(0)' for q in range(dim))};")
+            for tag, (_, _, dim, _) in zip(tags, members):
+                w(f"T {', '.join(f'gx{tag}_{q} = T(0)' for q in range(dim))};")
         summed = _summed_weight_paths(schedule, paths)
         if summed:  # w̄ of shared weights: the lane's sums over the warp's edges
             w(f"T {', '.join(f'gw{p.ins_index} = T(0)' for p in summed)};")
         # the next edge's x chunk is needed only when its source differs from the one held then
         x_ahead = f"row_x != (ok ? {x_row} : cur_x)"
-        _emit_ahead(w, schedule, x_offset, dim, paths, "row_x != cur_x")
+        _emit_ahead(w, schedule, members, "row_x != cur_x")
         w("#pragma unroll 1")
         w.open("for (int t = 0; t < count; ++t)")
         emit_edge_header(w, schedule)
-        weights = _take_ahead(w, schedule, dim, paths)
-        _emit_fetch_ahead(w, schedule, x_offset, dim, paths, "t + 1", x_ahead)
+        weights = _take_ahead(w, schedule, members)
+        _emit_fetch_ahead(w, schedule, members, "t + 1", x_ahead)
         w.open("if (!ok)")
         if "w" in outs and not summed:
             out = schedule.outputs[outs["w"]]
@@ -589,34 +607,45 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
         w.open(f"if ({x_row} != cur_x)")
         if "x" in outs and x_out.flush not in ("own", "slice"):  # an owned run has one source node
             w.open("if (cur_x >= 0)")
-            _emit_joint_flush(w, schedule, "x", x_offset, dim, row="cur_x", add=added)
+            _emit_x_bar_flushes(w, schedule, members, added, "cur_x")
             w.close()
         w(f"cur_x = {x_row};")
-        if xs:
+        for tag, (_, _, dim, _) in zip(tags, members) if xs else ():
             w.open("")
-            if _emit_x_from_ahead(w, schedule, dim):
+            if _emit_x_from_ahead(w, schedule, dim, tag):
                 w("__syncwarp();")
-            w(" ".join(f"xr{s}_{q} = x{s}_{q};" for s in xs for q in range(dim)))
+            w(" ".join(f"xr{s}{tag}_{q} = x{s}_{q};" for s in xs for q in range(dim)))
             w.close()
         w.close()
-        for s in xs:
-            w(" ".join(f"const T x{s}_{q} = xr{s}_{q};" for q in range(dim)))
         reached = sorted({joint.y_blocks.index((p.y_offset, p.y_dim)) for p in paths}) if "y" in outs else []
-        for n in reached:
-            w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};")
-        for n, (path, z_values) in enumerate(zip(paths, staged_z)):
-            _emit_joint_path(w, schedule, path, weights, z_acc=accumulators[n] if accumulators else None,
-                             z_values=z_values, y_values=y_values)
+        y_sums = [f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};" for n in reached]
+        z_sources = iter(zip(accumulators or [None] * len(paths), staged_z))
+        for m, (tag, (_, _, dim, group)) in enumerate(zip(tags, members)):
+            if tag:
+                for line in y_sums if m == 0 else ():
+                    w(line)
+                w.open("")  # the block's x registers and x̄ sums, by the names the paths use
+                if "x" in outs:
+                    w(" ".join(f"T& gx_{q} = gx{tag}_{q};" for q in range(dim)))
+            for s in xs:
+                w(" ".join(f"const T x{s}_{q} = xr{s}{tag}_{q};" for q in range(dim)))
+            for line in () if tag else y_sums:
+                w(line)
+            for path in group:
+                z_acc, z_values = next(z_sources)
+                _emit_joint_path(w, schedule, path, weights, z_acc=z_acc, z_values=z_values, y_values=y_values)
+            if tag:
+                w.close()
         if reached:
             lo, values = _y_sum_values(joint, reached)
             emit_transposed_sum(w, values, f"ysum[t * {y_dim} + {lo} + ", "]", "+=")
         if "x" in outs and x_out.flush == "slice":  # the edge's own row of the slice
-            _emit_joint_flush(w, schedule, "x", x_offset, dim, row="(first + t)", add=added)
+            _emit_x_bar_flushes(w, schedule, members, added, "(first + t)")
         w.close()
         if "x" in outs and x_out.flush != "slice":
             condition, row = owned_end(schedule, x_out, "cur_x")
             w.open(f"if ({condition})")
-            _emit_joint_flush(w, schedule, "x", x_offset, dim, row=row, add=added)
+            _emit_x_bar_flushes(w, schedule, members, added, row)
             w.close()
         if z_out is not None:
             condition, row = owned_end(schedule, z_out)
@@ -639,6 +668,14 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
         else:  # a tile's edges are consecutive rows
             w(f"for (int q = lane; q < count * {y_dim}; q += 32) out{outs['y']}[first * {out.dim}LL + q] = ysum[q];")
         w("__syncwarp();")
+
+
+def _emit_x_bar_flushes(w: Writer, schedule: KernelSchedule, members, added, row: str) -> None:
+    """Flush each x block's x̄ chunk of ``members`` (``gx{tag}_q``) to row ``row``; ``added[m]``: block
+    m holds an earlier group's part, which the flush adds to."""
+    for m, (x_offset, _, dim, _) in enumerate(members):
+        names = [f"gx{_member_tag(members, m)}_{q}" for q in range(dim)]
+        _emit_joint_flush(w, schedule, "x", x_offset, dim, names, row=row, add=added[m])
 
 
 def _summed_weight_paths(schedule: KernelSchedule, paths) -> list[JointPath]:

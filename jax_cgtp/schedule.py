@@ -86,6 +86,11 @@ MAX_Z_COMPONENTS = 64
 # nequip-revmd17-benzene's atomic walk merges two of its eight blocks (0.98x and 0.995x) and its
 # deterministic one, in lockstep, none (1.01x). Up to 40 gained less (0.79-1.01x): it merges fewer.
 MERGED_WALK_Z_COMPONENTS = 64
+# The backward walks by destination (not in lockstep) take consecutive x blocks of equal ``mul``
+# together the same way while the group's z̄ chunks take at most MERGED_BACKWARD_WALK_Z_COMPONENTS
+# components: one pass over the edges stages all of their z̄ chunks and sums each edge's ȳ once.
+# Not yet measured (branch perf/merged-backward-walks); 0 generates main's kernels exactly.
+MERGED_BACKWARD_WALK_Z_COMPONENTS = 64
 # A joint pass transposes each output chunk through shared memory, so that the warp writes whole
 # rows of e3nn's mul_ir layout. The deterministic forward by destination writes each node's z row
 # once, after the node's edges, and lane by lane (strided) it took 0.88-1.01x the time on the
@@ -969,7 +974,9 @@ def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool, ahead: int,
                     stage[role] = max(stage.get(role, 0), WARP * stage_width(dim))
             out_dims = ([x_dim] if backward else []) + ([p.z_dim] if "z" in outputs and not z_lane_writes else [])
             transpose = max([transpose] + [WARP * d for d in out_dims if d > 1])
-        if backward and joint.walk:  # the z̄ chunks of all of the group's paths at once
+    if backward and joint.walk:  # the z̄ chunks of all of a walked group's paths at once
+        for members in joint.walked_blocks:
+            paths = [p for *_, group in members for p in group]
             stage["z"] = max(stage.get("z", 0), sum(WARP * stage_width(p.z_dim) for p in paths))
     if stage_y:  # one set of rows per y input
         stage["y"] = WARP * y_dim * len(joint.reads("y"))
@@ -1292,6 +1299,9 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
         if ahead and MERGED_WALK_Z_COMPONENTS:
             limit = _z_components(outputs[0].flush, joint.cg_terms, itemsize, MERGED_WALK_Z_COMPONENTS)
             joint = dataclasses.replace(joint, walk_groups=_walk_groups(joint, limit))
+        backward_walk = joint is not None and joint.by_destination and not forward_walk
+        if backward_walk and not lockstep and MERGED_BACKWARD_WALK_Z_COMPONENTS:
+            joint = dataclasses.replace(joint, walk_groups=_walk_groups(joint, MERGED_BACKWARD_WALK_Z_COMPONENTS))
         if joint is not None:
             stage_y = joint.walk and bool(joint.reads("y")) and call.kind("y") == BATCHED
             z_lane_writes = any(o.lane_writes for o in outputs)

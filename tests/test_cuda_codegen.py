@@ -174,14 +174,15 @@ def test_weight_streams_need_per_edge_weights_that_are_read_and_fit_in_shared_me
 
 @pytest.mark.parametrize("dtype", ["float", "double"])
 def test_convolution_backward_keeps_each_destination_staged(dtype):
-    """z̄ is gathered by dst: the joint backward stages a block's z̄ chunks once per run of one
-    destination and sums ȳ over chunks in shared memory, with one transposed warp sum per edge."""
+    """z̄ is gathered by dst: the joint backward stages a walked group's z̄ chunks once per run of
+    one destination and sums ȳ over chunks in shared memory, with one transposed warp sum per edge."""
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     (kernel,) = schedule.plan(backward_call(mace_problem(), kinds, rows=(10, None, None, 10)), dtype, "int")
     assert kernel.joint.by_destination and kernel.edge_sums_size == schedule.WARP * 16
     source = codegen.generate(kernel)
     assert "joint backward, walking the tile's edges" in source and "if (ix_z != cur)" in source
-    assert source.count("__shfl_xor_sync(CGTP_FULL_MASK, up16") == 3 * 8  # 16 ȳ values per x block
+    # 16 ȳ values per walked group of x blocks (mace's three blocks walk as one)
+    assert source.count("__shfl_xor_sync(CGTP_FULL_MASK, up16") == len(kernel.joint.walked_blocks) * 8 == 8
     if nvrtc.available():
         assert nvrtc.compile_cubin(source, "sm_90", "the convolution's joint backward")
     (batched,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), dtype, "int")
@@ -371,6 +372,30 @@ def test_walk_groups_are_fewest_then_narrowest():
     assert schedule._walk_groups(lips, 40) == ((0, 1, 2), (3,), (4,), (5,))
     assert schedule._walk_groups(joint((128, 16), (128, 24), (128, 31)), 96) == ((0, 1, 2),)
     assert schedule._walk_groups(joint((128, 9), (32, 9), (32, 70), (32, 5)), 64) == ((0,), (1,), (2,), (3,))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_walk_takes_consecutive_blocks_of_one_mul_together(deterministic, planned_with):
+    """The fused backward's walk by destination walks consecutive x blocks of equal ``mul`` as one
+    group while their z̄ chunks take at most MERGED_BACKWARD_WALK_Z_COMPONENTS components: it stages
+    all of the group's z̄ chunks at once, holds each block's x registers and x̄ sums under names of
+    its own, and flushes each block's x̄."""
+    problem = jax_cgtp.channelwise_tensor_product("128x0e+128x1o+128x2e+32x1e", "0e+1o+2e+3o",
+                                                  filter_ir_out="0e+1o+2e").problem
+    call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10),
+                         deterministic=deterministic)
+    for limit, groups in ((64, ((0, 1, 2), (3,))), (30, ((0, 1), (2,), (3,))), (0, ())):
+        planned_with(MERGED_BACKWARD_WALK_Z_COMPONENTS=limit)
+        kernel = next(k for k in schedule.plan(call, "float", "int") if k.joint is not None)
+        joint = kernel.joint
+        assert joint.walk_groups == groups
+        z_rows = [sum(schedule.WARP * schedule.stage_width(p.z_dim) for *_, paths in members for p in paths)
+                  for members in joint.walked_blocks]
+        assert dict(kernel.stage_sizes)["z"] == max(z_rows)
+        source = codegen.generate(kernel)
+        merged = [len(members) for members in joint.walked_blocks if len(members) > 1]
+        assert source.count("T& gx_0 = gx_") == sum(merged)
+        assert source.count("long long cur = -1, cur_x = -1;") == len(joint.walked_blocks)
 
 
 @pytest.mark.parametrize("dtype, batches", [("float", [19]), ("double", [12, 7])])

@@ -90,7 +90,7 @@ MERGED_WALK_Z_COMPONENTS = 64
 # together the same way while the group's z̄ chunks take at most MERGED_BACKWARD_WALK_Z_COMPONENTS
 # components: one pass over the edges stages all of their z̄ chunks and sums each edge's ȳ once.
 # Not yet measured (branch perf/merged-backward-walks); 0 generates main's kernels exactly.
-MERGED_BACKWARD_WALK_Z_COMPONENTS = 64
+MERGED_BACKWARD_WALK_Z_COMPONENTS = {4: 64, 8: 64}
 # A joint pass transposes each output chunk through shared memory, so that the warp writes whole
 # rows of e3nn's mul_ir layout. The deterministic forward by destination writes each node's z row
 # once, after the node's edges, and lane by lane (strided) it took 0.88-1.01x the time on the
@@ -954,6 +954,24 @@ def _walk_groups(joint: JointPass, limit: int) -> tuple[tuple[int, ...], ...]:
     return tuple(map(tuple, packed(narrowest)))
 
 
+def _merged_backward_walk(joint: JointPass, buffers, itemsize: int) -> JointPass:
+    """``joint``, a backward walk by destination, with its blocks walked in groups whose z̄ chunks
+    take at most MERGED_BACKWARD_WALK_Z_COMPONENTS[itemsize] components, unless the groups' staged
+    z̄ chunks would leave fewer warps per block in MAX_BLOCK_SHARED_BYTES (``buffers``: the pass's
+    shared-memory elements per warp, as :func:`_joint_buffers` returns them)."""
+    limit = MERGED_BACKWARD_WALK_Z_COMPONENTS.get(itemsize, 0)
+    if not limit:
+        return joint
+    merged = dataclasses.replace(joint, walk_groups=_walk_groups(joint, limit))
+
+    def warps_per_block(j):
+        stage, transpose, edge_sums = buffers(j)
+        per_warp = (sum(stage.values()) + transpose + edge_sums) * itemsize
+        return min(WARPS_PER_BLOCK, MAX_BLOCK_SHARED_BYTES // per_warp)
+
+    return merged if warps_per_block(merged) >= warps_per_block(joint) else joint
+
+
 def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool, ahead: int,
                    z_lane_writes: bool) -> tuple[dict[str, int], int, int]:
     """Shared-memory elements per warp of a joint pass: the staged x (and, backward, z̄) chunks,
@@ -1299,14 +1317,14 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
         if ahead and MERGED_WALK_Z_COMPONENTS:
             limit = _z_components(outputs[0].flush, joint.cg_terms, itemsize, MERGED_WALK_Z_COMPONENTS)
             joint = dataclasses.replace(joint, walk_groups=_walk_groups(joint, limit))
-        backward_walk = joint is not None and joint.by_destination and not forward_walk
-        if backward_walk and not lockstep and MERGED_BACKWARD_WALK_Z_COMPONENTS:
-            joint = dataclasses.replace(joint, walk_groups=_walk_groups(joint, MERGED_BACKWARD_WALK_Z_COMPONENTS))
         if joint is not None:
             stage_y = joint.walk and bool(joint.reads("y")) and call.kind("y") == BATCHED
             z_lane_writes = any(o.lane_writes for o in outputs)
-            stage, transpose, edge_sums = _joint_buffers(joint, call.problem.operand_dim("y"), stage_y, ahead,
-                                                         z_lane_writes)
+            buffers = functools.partial(_joint_buffers, y_dim=call.problem.operand_dim("y"), stage_y=stage_y,
+                                        ahead=ahead, z_lane_writes=z_lane_writes)
+            if joint.by_destination and not forward_walk and not lockstep:
+                joint = _merged_backward_walk(joint, buffers, itemsize)
+            stage, transpose, edge_sums = buffers(joint)
         if stream is not None:
             stage, transpose = stream_buffers(stream, call.problem), 0
         kernel = KernelSchedule(

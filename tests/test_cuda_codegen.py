@@ -385,7 +385,7 @@ def test_backward_walk_takes_consecutive_blocks_of_one_mul_together(deterministi
     call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10),
                          deterministic=deterministic)
     for limit, groups in ((64, ((0, 1, 2), (3,))), (30, ((0, 1), (2,), (3,))), (0, ())):
-        planned_with(MERGED_BACKWARD_WALK_Z_COMPONENTS=limit)
+        planned_with(MERGED_BACKWARD_WALK_Z_COMPONENTS={4: limit})
         kernel = next(k for k in schedule.plan(call, "float", "int") if k.joint is not None)
         joint = kernel.joint
         assert joint.walk_groups == groups
@@ -396,6 +396,25 @@ def test_backward_walk_takes_consecutive_blocks_of_one_mul_together(deterministi
         merged = [len(members) for members in joint.walked_blocks if len(members) > 1]
         assert source.count("T& gx_0 = gx_") == sum(merged)
         assert source.count("long long cur = -1, cur_x = -1;") == len(joint.walked_blocks)
+
+
+def test_backward_walk_stays_apart_where_merged_z_chunks_cost_warps(planned_with):
+    """sevennet-l3-c32's fused backward in float64: merging its 0e and 1o blocks would stage z̄
+    chunks that leave 3 warps per block in MAX_BLOCK_SHARED_BYTES instead of 4 (1.23x the time on an
+    H200), so its blocks are walked apart; with room for 4 warps they merge."""
+    problem = jax_cgtp.channelwise_tensor_product("32x0e+32x1o+32x2e+32x3o", "0e+1o+2e+3o",
+                                                  filter_ir_out="0e+0o+1o+1e+2e+2o+3o+3e").problem
+    call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10))
+
+    def walk():
+        return next(k for k in schedule.plan(call, "double", "int") if k.joint is not None)
+
+    planned_with(MERGED_BACKWARD_WALK_Z_COMPONENTS={8: 64})
+    apart = walk()
+    assert apart.joint.walk_groups == () and apart.warps_per_block == schedule.WARPS_PER_BLOCK
+    planned_with(MAX_BLOCK_SHARED_BYTES=2 * schedule.MAX_BLOCK_SHARED_BYTES)
+    merged = walk()
+    assert merged.joint.walk_groups == ((0, 1), (2,), (3,)) and merged.warps_per_block == schedule.WARPS_PER_BLOCK
 
 
 @pytest.mark.parametrize("dtype, batches", [("float", [19]), ("double", [12, 7])])

@@ -85,12 +85,26 @@ MAX_Z_COMPONENTS = 64
 # and 0.85x, mace-medium 0.81x and 0.88x), the atomic one 0.79-0.96x and 0.82-1.00x;
 # nequip-revmd17-benzene's atomic walk merges two of its eight blocks (0.98x and 0.995x) and its
 # deterministic one, in lockstep, none (1.01x). Up to 40 gained less (0.79-1.01x): it merges fewer.
-MERGED_WALK_Z_COMPONENTS = 64
+# Up to 72 merges mace-large's three blocks (71 components): 0.90x and 0.91x the time of 64 (atomic,
+# float32 and float64), at 159 and 252 registers; up to 96 would also merge nequip-revmd17-benzene's
+# 3o and 3e blocks in float32 (90), at 254 registers: 1.056x.
+MERGED_WALK_Z_COMPONENTS = 72
 # The backward walks by destination (not in lockstep) take consecutive x blocks of equal ``mul``
 # together the same way while the group's z̄ chunks take at most MERGED_BACKWARD_WALK_Z_COMPONENTS
-# components: one pass over the edges stages all of their z̄ chunks and sums each edge's ȳ once.
-# Not yet measured (branch perf/merged-backward-walks); 0 generates main's kernels exactly.
+# components and its x rows at most MERGED_BACKWARD_WALK_X_COMPONENTS (by item size; none where
+# absent): one pass over the edges stages all of their z̄ chunks and sums each edge's ȳ once, and
+# each block keeps its x registers and x̄ sums. Against each block alone (H200, same process, 3
+# rounds; benchmarks/results/nvidia-h200/merged-backward-walks/), up to 64 components:
+# float32 conv_bwd 0.86-0.95x and conv_dbwd 0.91-0.97x on six uvu configs (deterministic 0.88-0.98x
+# and 0.91-0.94x), except mace-l2-c128's atomic conv_bwd, 1.03x at the same 127 registers. In
+# float64 the x registers decide: nequip-lips' groups of four and two blocks took 255 registers
+# instead of 157 (conv_bwd 1.05x, conv_dbwd 1.07x), nequip-l2-c32's three blocks 255 instead of 155
+# (1.00x, 1.04x), while groups of 4 x components (0e and 1o) gained: 0.85-0.95x on the same six
+# (mace-l2-c128 0.93x and 0.935x, nequip-lips 0.96x, nequip-l2-c32 0.95x and 0.93x). Groups whose
+# staged z̄ chunks would leave fewer warps per block in MAX_BLOCK_SHARED_BYTES stay apart
+# (:func:`_merged_backward_walk`): sevennet-l3-c32's float64 conv_bwd with 3 warps took 1.23x.
 MERGED_BACKWARD_WALK_Z_COMPONENTS = {4: 64, 8: 64}
+MERGED_BACKWARD_WALK_X_COMPONENTS = {8: 4}
 # A joint pass transposes each output chunk through shared memory, so that the warp writes whole
 # rows of e3nn's mul_ir layout. The deterministic forward by destination writes each node's z row
 # once, after the node's edges, and lane by lane (strided) it took 0.88-1.01x the time on the
@@ -928,25 +942,28 @@ def ahead_slot(joint: JointPass, members) -> int:
     return WARP * (x_rows + weighted * len(joint.reads("w")))
 
 
-def _walk_groups(joint: JointPass, limit: int) -> tuple[tuple[int, ...], ...]:
+def _walk_groups(joint: JointPass, limit: int, x_limit: int | None = None) -> tuple[tuple[int, ...], ...]:
     """Consecutive blocks of equal ``mul`` walked as one group while their z chunks take at most
-    ``limit`` components together (MERGED_WALK_Z_COMPONENTS): the fewest groups, and of those the
-    partition whose widest group is narrowest (fewest registers). A pass split by the size of its
-    code keeps its groups apart."""
+    ``limit`` components together (MERGED_WALK_Z_COMPONENTS), and their x rows at most ``x_limit``
+    (None: any number): the fewest groups, and of those the partition whose widest group is
+    narrowest (fewest registers). A pass split by the size of its code keeps its groups apart."""
     if joint.cg_terms > GROUPED_TERMS_BY_DESTINATION:
         return ()
     widths = [sum(p.z_dim for p in paths) for *_, paths in joint.blocks]
     muls = [mul for _, mul, _, _ in joint.blocks]
+    x_dims = [x_dim for _, _, x_dim, _ in joint.blocks]
+    x_cap = sum(x_dims) if x_limit is None else x_limit
 
     def packed(cap):  # the fewest groups of at most ``cap`` components (a wider block alone)
-        groups, width = [], 0
+        groups, width, x_width = [], 0, 0
         for n, z in enumerate(widths):
-            if groups and muls[groups[-1][-1]] == muls[n] and width + z <= cap:
+            if groups and muls[groups[-1][-1]] == muls[n] and width + z <= cap and x_width + x_dims[n] <= x_cap:
                 groups[-1].append(n)
                 width += z
+                x_width += x_dims[n]
             else:
                 groups.append([n])
-                width = z
+                width, x_width = z, x_dims[n]
         return groups
 
     fewest = len(packed(limit))
@@ -956,13 +973,15 @@ def _walk_groups(joint: JointPass, limit: int) -> tuple[tuple[int, ...], ...]:
 
 def _merged_backward_walk(joint: JointPass, buffers, itemsize: int) -> JointPass:
     """``joint``, a backward walk by destination, with its blocks walked in groups whose z̄ chunks
-    take at most MERGED_BACKWARD_WALK_Z_COMPONENTS[itemsize] components, unless the groups' staged
+    take at most MERGED_BACKWARD_WALK_Z_COMPONENTS[itemsize] components and whose x rows at most
+    MERGED_BACKWARD_WALK_X_COMPONENTS[itemsize] (where set), unless the groups' staged
     z̄ chunks would leave fewer warps per block in MAX_BLOCK_SHARED_BYTES (``buffers``: the pass's
     shared-memory elements per warp, as :func:`_joint_buffers` returns them)."""
     limit = MERGED_BACKWARD_WALK_Z_COMPONENTS.get(itemsize, 0)
     if not limit:
         return joint
-    merged = dataclasses.replace(joint, walk_groups=_walk_groups(joint, limit))
+    groups = _walk_groups(joint, limit, MERGED_BACKWARD_WALK_X_COMPONENTS.get(itemsize))
+    merged = dataclasses.replace(joint, walk_groups=groups)
 
     def warps_per_block(j):
         stage, transpose, edge_sums = buffers(j)

@@ -361,17 +361,20 @@ def test_forward_walk_takes_consecutive_blocks_of_one_mul_together(deterministic
 def test_walk_groups_are_fewest_then_narrowest():
     """Of the partitions of blocks into the fewest groups under the cap, the one whose widest group
     is narrowest: nequip-lips' six blocks (9, 9, 20, 20, 22 and 22 z components) under 96 are 58 + 44,
-    not 80 + 22; a change of ``mul`` always starts a group, and a block wider than the cap walks alone."""
+    not 80 + 22; a change of ``mul`` always starts a group, and a block wider than the cap walks alone.
+    A cap on x components (1, 1, 3, 3, 5 and 5 rows) bounds the groups as well."""
     def joint(*blocks):
         return types.SimpleNamespace(cg_terms=0, blocks=tuple(
-            (0, mul, 1, (types.SimpleNamespace(z_dim=z),)) for mul, z in blocks))
+            (0, mul, x_dim, (types.SimpleNamespace(z_dim=z),)) for mul, z, x_dim in blocks))
 
-    lips = joint(*((32, z) for z in (9, 9, 20, 20, 22, 22)))
+    lips = joint(*((32, z, x) for z, x in zip((9, 9, 20, 20, 22, 22), (1, 1, 3, 3, 5, 5))))
+    assert schedule._walk_groups(lips, 64, x_limit=4) == ((0, 1), (2,), (3,), (4,), (5,))
+    assert schedule._walk_groups(lips, 64, x_limit=8) == ((0, 1, 2), (3, 4), (5,))
     assert schedule._walk_groups(lips, 96) == ((0, 1, 2, 3), (4, 5))
     assert schedule._walk_groups(lips, 64) == ((0, 1, 2, 3), (4, 5))
     assert schedule._walk_groups(lips, 40) == ((0, 1, 2), (3,), (4,), (5,))
-    assert schedule._walk_groups(joint((128, 16), (128, 24), (128, 31)), 96) == ((0, 1, 2),)
-    assert schedule._walk_groups(joint((128, 9), (32, 9), (32, 70), (32, 5)), 64) == ((0,), (1,), (2,), (3,))
+    assert schedule._walk_groups(joint((128, 16, 1), (128, 24, 3), (128, 31, 5)), 96) == ((0, 1, 2),)
+    assert schedule._walk_groups(joint((128, 9, 1), (32, 9, 1), (32, 70, 3), (32, 5, 5)), 64) == ((0,), (1,), (2,), (3,))
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

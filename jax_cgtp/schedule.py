@@ -86,8 +86,9 @@ MAX_Z_COMPONENTS = 64
 # nequip-revmd17-benzene's atomic walk merges two of its eight blocks (0.98x and 0.995x) and its
 # deterministic one, in lockstep, none (1.01x). Up to 40 gained less (0.79-1.01x): it merges fewer.
 # Up to 72 merges mace-large's three blocks (71 components): 0.90x and 0.91x the time of 64 (atomic,
-# float32 and float64), at 159 and 252 registers; up to 96 would also merge nequip-revmd17-benzene's
-# 3o and 3e blocks in float32 (90), at 254 registers: 1.056x.
+# float32 and float64), at 159 and 252 registers; nequip-revmd17-benzene's float32 walk then merges
+# its 0o, 0e and 1o blocks (71) at the same 168 registers: 1.011x. Up to 96 would also merge its 3o
+# and 3e blocks (90), at 254 registers: 1.056x.
 MERGED_WALK_Z_COMPONENTS = 72
 # The backward walks by destination (not in lockstep) take consecutive x blocks of equal ``mul``
 # together the same way while the group's z̄ chunks take at most MERGED_BACKWARD_WALK_Z_COMPONENTS

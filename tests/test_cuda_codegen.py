@@ -181,8 +181,10 @@ def test_convolution_backward_keeps_each_destination_staged(dtype):
     assert kernel.joint.by_destination and kernel.edge_sums_size == schedule.WARP * 16
     source = codegen.generate(kernel)
     assert "joint backward, walking the tile's edges" in source and "if (ix_z != cur)" in source
-    # 16 ȳ values per walked group of x blocks (mace's three blocks walk as one)
-    assert source.count("__shfl_xor_sync(CGTP_FULL_MASK, up16") == len(kernel.joint.walked_blocks) * 8 == 8
+    # 16 ȳ values per walked group of x blocks: mace's three blocks walk as one in float32; in
+    # float64 groups hold at most MERGED_BACKWARD_WALK_X_COMPONENTS (4) x rows, so 0e+1o, then 2e
+    groups = {"float": 1, "double": 2}[dtype]
+    assert source.count("__shfl_xor_sync(CGTP_FULL_MASK, up16") == len(kernel.joint.walked_blocks) * 8 == 8 * groups
     if nvrtc.available():
         assert nvrtc.compile_cubin(source, "sm_90", "the convolution's joint backward")
     (batched,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), dtype, "int")

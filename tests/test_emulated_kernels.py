@@ -545,21 +545,22 @@ def test_convolution_forward_walks_blocks_of_one_mul_together(deterministic, dty
     assert_close(actual, expected, dtype)
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("make_pair", [whole_chunks_pair, equal_mul_blocks_pair])
-@pytest.mark.parametrize("shared", [False, True])
-def test_convolution_backward_walks_blocks_of_one_mul_together(make_pair, deterministic, shared):
+@pytest.mark.parametrize("deterministic, shared, dtype", [(False, False, jnp.float64), (True, True, jnp.float64),
+                                                          (True, False, jnp.float32)])
+def test_convolution_backward_walks_blocks_of_one_mul_together(make_pair, deterministic, shared, dtype):
     """The backward walks by destination (the fused backward, the second derivative's passes) take
-    consecutive x blocks of equal ``mul`` as one group (MERGED_BACKWARD_WALK_Z_COMPONENTS): every
-    member matches the reference, with weights per edge or shared."""
+    consecutive x blocks of equal ``mul`` as one group (MERGED_BACKWARD_WALK_Z_COMPONENTS, by dtype):
+    every member matches the reference, with weights per edge or shared, x̄ added atomically or
+    through the deterministic rows."""
     kernels, reference = make_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
-    args = random_graph(jax.random.PRNGKey(67), kernels, 9, 70, jnp.float64, bad_fraction=0.1, shared=shared)
+    args = random_graph(jax.random.PRNGKey(67), kernels, 9, 70, dtype, bad_fraction=0.1, shared=shared)
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
     backward = [k for k in kernel_emulator.launched()[before:]
                 if k.joint is not None and k.joint.by_destination and set(dict(k.joint.outputs)) != {"z"}]
     assert backward and all(any(len(group) > 1 for group in k.joint.walk_groups) for k in backward)
-    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), dtype)
 
 
 def test_convolution_forward_ring_copies_elements_where_a_block_is_not_whole(planned_with):

@@ -100,7 +100,7 @@ MERGED_WALK_Z_COMPONENTS = 72
 # and 0.91-0.94x), except mace-l2-c128's atomic conv_bwd, 1.03x at the same 127 registers. In
 # float64 the x registers decide: nequip-lips' groups of four and two blocks took 255 registers
 # instead of 157 (conv_bwd 1.05x, conv_dbwd 1.07x), nequip-l2-c32's three blocks 255 instead of 155
-# (1.00x, 1.04x), while groups of 4 x components (0e and 1o) gained: 0.85-0.95x on the same six
+# (1.00x, 1.04x), while groups of 4 x components (0e and 1o) gained: 0.85-0.99x on the same six
 # (mace-l2-c128 0.93x and 0.935x, nequip-lips 0.96x, nequip-l2-c32 0.95x and 0.93x). Groups whose
 # staged z̄ chunks would leave fewer warps per block in MAX_BLOCK_SHARED_BYTES stay apart
 # (:func:`_merged_backward_walk`): sevennet-l3-c32's float64 conv_bwd with 3 warps took 1.23x.

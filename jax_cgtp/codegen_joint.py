@@ -618,19 +618,16 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
             w.close()
         w.close()
         reached = sorted({joint.y_blocks.index((p.y_offset, p.y_dim)) for p in paths}) if "y" in outs else []
-        y_sums = [f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};" for n in reached]
+        for n in reached:
+            w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(joint.y_blocks[n][1]))};")
         z_sources = iter(zip(accumulators or [None] * len(paths), staged_z))
-        for m, (tag, (_, _, dim, group)) in enumerate(zip(tags, members)):
+        for tag, (_, _, dim, group) in zip(tags, members):
             if tag:
-                for line in y_sums if m == 0 else ():
-                    w(line)
                 w.open("")  # the block's x registers and x̄ sums, by the names the paths use
                 if "x" in outs:
                     w(" ".join(f"T& gx_{q} = gx{tag}_{q};" for q in range(dim)))
             for s in xs:
                 w(" ".join(f"const T x{s}_{q} = xr{s}{tag}_{q};" for q in range(dim)))
-            for line in () if tag else y_sums:
-                w(line)
             for path in group:
                 z_acc, z_values = next(z_sources)
                 _emit_joint_path(w, schedule, path, weights, z_acc=z_acc, z_values=z_values, y_values=y_values)

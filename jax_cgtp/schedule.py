@@ -986,8 +986,7 @@ def _merged_backward_walk(joint: JointPass, buffers, itemsize: int) -> JointPass
 
     def warps_per_block(j):
         stage, transpose, edge_sums = buffers(j)
-        per_warp = (sum(stage.values()) + transpose + edge_sums) * itemsize
-        return min(WARPS_PER_BLOCK, MAX_BLOCK_SHARED_BYTES // per_warp)
+        return _warps_in_block_shared((sum(stage.values()) + transpose + edge_sums) * itemsize, WARPS_PER_BLOCK)
 
     return merged if warps_per_block(merged) >= warps_per_block(joint) else joint
 
@@ -1031,9 +1030,12 @@ def _fit_shared_memory(kernel: KernelSchedule) -> KernelSchedule:
         raise ValueError(
             f"jax_cgtp: a warp of this launch needs {per_warp} bytes of shared memory, more than the "
             f"{MAX_BLOCK_SHARED_BYTES} of a block, for {kernel.call.problem} in {kernel.dtype}")
-    if per_warp * kernel.warps_per_block <= MAX_BLOCK_SHARED_BYTES:
-        return kernel
-    return dataclasses.replace(kernel, warps_per_block=MAX_BLOCK_SHARED_BYTES // per_warp)
+    return dataclasses.replace(kernel, warps_per_block=_warps_in_block_shared(per_warp, kernel.warps_per_block))
+
+
+def _warps_in_block_shared(per_warp_bytes: int, warps: int) -> int:
+    """Of ``warps`` warps per block, as many as fit in MAX_BLOCK_SHARED_BYTES at ``per_warp_bytes`` each."""
+    return warps if per_warp_bytes * warps <= MAX_BLOCK_SHARED_BYTES else MAX_BLOCK_SHARED_BYTES // per_warp_bytes
 
 
 def _registers_ahead(joint: JointPass, itemsize: int) -> bool:

@@ -208,6 +208,17 @@ __device__ __forceinline__ bool cgtp_chunk(const I* __restrict__ off, long long 
   return k >= 1 && begin < run_end;
 }
 
+// Where a tiled deterministic forward stores node `node`'s sum over tile `tile` (sorted positions
+// [first, first + count)): the node's own row of `out` when its run lies inside the tile, else the
+// tile's partial row 2 * tile for a run that began before the tile, 2 * tile + 1 for one that starts
+// in it and goes on past it (rows of `dim` elements).
+__device__ __forceinline__ T* cgtp_tile_row(T* out, T* tile_rows, const I* __restrict__ off, long long node,
+                                            long long tile, long long first, long long count, long long dim) {
+  const long long begin = (long long)off[node], end = (long long)off[node + 1];
+  if (begin >= first && end <= first + count) return out + node * dim;
+  return tile_rows + (2 * tile + (begin < first ? 0 : 1)) * dim;
+}
+
 // `sum` plus column[row * dim] for the `count` rows from `first` on, added in that order; the loads
 // go eight rows ahead.
 __device__ __forceinline__ T cgtp_add_rows_in_order(T sum, const T* __restrict__ column, long long first,

@@ -95,6 +95,8 @@ def generate(schedule: KernelSchedule) -> str:
         params += [f"const I* __restrict__ perm_{r}", f"const I* __restrict__ off_{r}"]
     if schedule.chunk_sum:  # each owned output's chunk rows (the chunk walk's)
         params += [f"const T* __restrict__ chunks{k}" for k in range(len(schedule.outputs))]
+    if schedule.tile_sum:  # the tiled walk's partial rows
+        params += ["const T* __restrict__ tile_rows"]
     if schedule.slice_walk or schedule.slice_sum:  # the slice's first dst-sorted position (one element)
         params += ["const I* __restrict__ slice_at"]
     if schedule.slice_sum:  # the slice walk's rows, and each edge's dst-sorted position
@@ -106,6 +108,8 @@ def generate(schedule: KernelSchedule) -> str:
         params += ["I* __restrict__ pos_z"]
     if schedule.writes_slice_chunk_rows:
         params += ["T* __restrict__ chunk_rows"]
+    if schedule.partial_tiles:
+        params += ["T* __restrict__ tile_rows"]
     params += [f"const long long {name}" for name in scalar_names(schedule)]
     bounds = f"{schedule.block}, {schedule.min_blocks}" if schedule.min_blocks else f"{schedule.block}"
     w(f'extern "C" __global__ void __launch_bounds__({bounds}) {KERNEL_NAME}(')
@@ -114,6 +118,8 @@ def generate(schedule: KernelSchedule) -> str:
     w.depth += 1
     if schedule.chunk_sum:
         _emit_chunk_sums(w, schedule)
+    elif schedule.tile_sum:
+        _emit_tile_sums(w, schedule)
     elif schedule.slice_sum:
         _emit_slice_sums(w, schedule)
     else:
@@ -165,6 +171,44 @@ def _emit_chunk_sums(w: Writer, schedule: KernelSchedule) -> None:
           f"out{k}[seg * {out.dim}LL + q], chunks{k} + q, (seg_begin + {chunk}) / {chunk}, rows_after, {out.dim});")
         w.close()
         first += count
+    w.close()
+    w.close()
+
+
+def _emit_tile_sums(w: Writer, schedule: KernelSchedule) -> None:
+    """The rows the tiled walk left (:attr:`~jax_cgtp.schedule.KernelSchedule.tile_sum`): each node
+    whose run crosses a tile's edge gets the sum of its partial rows in tile order (the first tile's
+    row 2 t + 1, then each later tile's row 2 t), a node without edges zeros, and every node zeros in
+    the components no path writes. A warp takes 32 nodes and 32 columns: the lanes find the nodes
+    to write, then write each one's columns, a lane per column."""
+    r, tile = schedule.segment_role, schedule.tile_sum
+    (out,) = schedule.outputs
+    no_path = " || ".join(f"(q >= {start} && q < {end})" for start, end in out.zero_ranges)
+    _emit_warp_indices(w)
+    blocks = schedule.chunk_sum_blocks
+    w(f"// warp item: 32 {r}-nodes (item / {blocks}) and a block of 32 columns (item % {blocks})")
+    w.open(f"for (long long item = warp; item < (rows_{r} + 31) / 32 * {blocks}; item += num_warps)")
+    w(f"const long long node = item / {blocks} * 32 + lane;")
+    w("const int q = (int)(item % " + f"{blocks}) * 32 + lane;  // the lane's column")
+    w("long long run_begin, run_end;")
+    w(f"cgtp_run(off_{r}, node, rows_{r}, run_begin, run_end);")
+    w(f"const bool crosses = run_end > run_begin && run_begin / {tile} != (run_end - 1) / {tile};")
+    mine = f"node < rows_{r}" if no_path else f"crosses || (node < rows_{r} && run_end == run_begin)"
+    w(f"unsigned nodes = __ballot_sync(CGTP_FULL_MASK, {mine});")
+    w.open("while (nodes)")
+    w("const int t = __ffs(nodes) - 1;")
+    w("nodes &= nodes - 1;")
+    w("const long long seg = node - lane + t;")
+    w("const long long seg_begin = __shfl_sync(CGTP_FULL_MASK, run_begin, t);")
+    w("const long long seg_end = __shfl_sync(CGTP_FULL_MASK, run_end, t);")
+    w(f"if (q >= {out.dim}) continue;")
+    w(f"T* const row = out0 + seg * {out.dim}LL + q;")
+    if no_path:
+        w(f"if ({no_path}) {{ *row = T(0); continue; }}  // no path writes the component")
+    w(f"const long long first_tile = seg_begin / {tile}, last_tile = (seg_end - 1) / {tile};")
+    w("if (seg_end == seg_begin) *row = T(0);  // no edges")
+    w(f"else if (first_tile != last_tile) *row = cgtp_add_rows_in_order(tile_rows[(2 * first_tile + 1) * {out.dim}LL + q], "
+      f"tile_rows + q, first_tile + 1, last_tile - first_tile, {2 * out.dim});")
     w.close()
     w.close()
 

@@ -439,7 +439,8 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
     """The joint forward that walks the tile's edges: per x block (or group of its paths) and
     chunk, the tile's edges in order. A convolution accumulates every path's z chunk in registers
     over a run of one destination and adds it atomically when the destination changes (edges
-    sorted by ``dst`` make one flush per node and tile); a product writes each path's z chunk per
+    sorted by ``dst`` make one flush per node and tile), or, tiled deterministic, stores it to the
+    node's row or a partial row of the tile (``cgtp_tile_row``); a product writes each path's z chunk per
     edge. The next edge's x chunk and weights are loaded while the current edge computes."""
     joint = schedule.joint
     z_out = schedule.outputs[dict(joint.outputs)["z"]]
@@ -473,12 +474,17 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
         else:
             weights = _take_ahead(w, schedule, members)
             _emit_fetch_ahead(w, schedule, members, "t + 1")
-        w("if (!ok) continue;")
+        if z_out.flush == "tile":  # every node with an edge in the tile gets its flush, even of zeros
+            w("if (!cgtp_valid(ix_z, rows_z)) continue;")
+        else:
+            w("if (!ok) continue;")
         if tracked:
             w.open("if (cur >= 0 && ix_z != cur)")
             _emit_z_flush(w, schedule, paths, accumulators, "cur")
             w.close()
             w("cur = ix_z;")
+        if z_out.flush == "tile":
+            w("if (!ok) continue;")
         w("const bool live = active;")
         if not y_values:
             _emit_joint_rows(w, schedule, ("y",))
@@ -1001,7 +1007,11 @@ def _emit_joint_flush(w: Writer, schedule: KernelSchedule, role: str, offset: in
     guard = "" if out.kind == BATCHED or reset else "ok && "
     row = row or ("e" if out.kind == BATCHED else f"ix_{role}")
     w.open("")
-    w(f"T* const dst_{role} = out{k} + {row} * {out.dim}LL + {offset};")
+    if out.flush == "tile":
+        w(f"T* const dst_{role} = cgtp_tile_row(out{k}, tile_rows, off_{role}, {row}, tile, first, count, "
+          f"{out.dim}) + {offset};")
+    else:
+        w(f"T* const dst_{role} = out{k} + {row} * {out.dim}LL + {offset};")
     if dim == 1:
         w(f"if ({guard}active) {put(out, f'dst_{role} + lc', names[0], add)}")
     elif out.lane_writes:

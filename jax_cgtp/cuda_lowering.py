@@ -148,15 +148,22 @@ def launch(call: Call, *args):
         return _launch_slices(call, *kernels, args=args, edges=edges, dtype=dtype, scalars=scalars)
     results = [None] * len(call.outputs)
     chunks = {}  # call output -> a chunk walk's rows
+    tile_rows = None  # a tiled forward's partial rows
     for kernel in kernels:
         segments = call.row_count(kernel.segment_role) if kernel.segment_role else 0
         grid = kernel.grid(edges, segments)
         partial_rows = kernel.partial_rows(grid)
         shapes = [jax.ShapeDtypeStruct(_launch_shape(call, kernel, out, edges, partial_rows), dtype)
                   for out in kernel.outputs]
+        if kernel.partial_tiles:
+            shapes.append(jax.ShapeDtypeStruct((schedule.tile_rows(edges, kernel.partial_tiles), kernel.outputs[0].dim),
+                                               dtype))
         extra = [chunks[out.call_output] for out in kernel.outputs] if kernel.chunk_sum else []
+        extra += [tile_rows] if kernel.tile_sum else []
         into = [results[kernel.outputs[k].call_output] for k in kernel.kept]
-        outputs = run_kernel(kernel, args + extra + into, shapes, grid, scalars)
+        outputs = run_kernel(kernel, _arguments_of(call, kernel, args) + extra + into, shapes, grid, scalars)
+        if kernel.partial_tiles:
+            *outputs, tile_rows = outputs
         for out, value in zip(kernel.outputs, outputs):
             if kernel.writes_chunk_rows(out):
                 chunks[out.call_output] = value
@@ -166,6 +173,16 @@ def launch(call: Call, *args):
             else:
                 results[out.call_output] = value
     return results
+
+
+def _arguments_of(call: Call, kernel: schedule.KernelSchedule, args) -> list:
+    """``call``'s arguments ``args`` as ``kernel`` takes them: the orderings its own call carries
+    (a tiled deterministic forward's walk carries ``dst``'s alone)."""
+    if kernel.call.sorted_roles == call.sorted_roles:
+        return args
+    inputs, indices, orders = call.split(args)
+    return (inputs + [indices[r] for r in kernel.call.indexed_roles]
+            + [a for r in kernel.call.sorted_roles for a in orders[r]])
 
 
 def _knowing_longest_runs(call: Call, kernels, args) -> list:

@@ -37,7 +37,7 @@ def put(out, address: str, value: str, add: bool = False) -> str:
     with ``add``, a write (stored or owned) adds to what an earlier flush of the warp wrote there."""
     if add and out.flush in ("store", "own", "slice"):
         return f"cgtp_own({address}, {value}, false);"
-    if out.flush == "slice":  # the edge's own row of the slice
+    if out.flush in ("slice", "tile"):  # the edge's own row of the slice; a row of the node or tile
         return f"cgtp_store({address}, {value});"
     fresh = ", fresh" if out.flush == "own" else ""
     return f"cgtp_{out.flush}({address}, {value}{fresh});"

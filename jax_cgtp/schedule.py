@@ -266,6 +266,16 @@ SLICE_SUM_LOADS_IN_FLIGHT = 32
 # 1.04-1.07x on the forwards of sevennet-l3-c32 (611) and mace-l2-c128 (351) and the backwards of
 # nequip-l2-c32 (411) and mace-medium (174), 0.98-1.00x on mace-large's backward (645).
 LOCKSTEP_WARPS = ((800, 4), (2048, 8))
+# A deterministic forward whose walk over dst runs would run in lockstep walks the atomic forward's
+# tiles of TILE_INDEXED dst-sorted edges instead (:func:`_tiled_forward`): free warps with the
+# look-ahead ring and the merged blocks, no atomics. A run inside a tile is stored as its node's row,
+# a run that crosses a tile's edge goes to a partial row of the tile, and a second launch writes
+# each crossing node's row as the sum of its partial rows in tile order. The lockstep walk waits at
+# each barrier for the longest run of its block; on equal runs (the spatial graph) the
+# deterministic forward of nequip-revmd17-benzene took 0.95x the atomic one's time in float64 but
+# 1.31x in float32, against 1.27x and 1.53x on the random graph (H200,
+# benchmarks/results/nvidia-h200/det-forward-lockstep/).
+TILED_DETERMINISTIC_FORWARD = True
 # ptxas holds many kernels at 128 registers (16 warps per SM at 128 threads per block) where their code
 # would take more. Free-running warps of a walk over long code then sit at different places in it
 # and miss the instruction cache: nequip-revmd17-benzene's float32 atomic conv_bwd (3,666 terms) at
@@ -403,7 +413,9 @@ class KernelOutput:
     role: str
     kind: str
     dim: int
-    flush: str  # "store", "own", "red", "atomic" (see cuda/cgtp_device.cuh) or "slice" (a slice row per edge)
+    # "store", "own", "red", "atomic" (see cuda/cgtp_device.cuh), "slice" (a slice row per edge) or
+    # "tile" (stored to the node's row or a partial row of the tile, KernelSchedule.partial_tiles)
+    flush: str
     zero_ranges: tuple[tuple[int, int], ...]  # BATCHED or owned: row ranges no slot writes
 
     @property
@@ -565,6 +577,16 @@ class KernelSchedule:
     # a launch that adds each run's chunk rows, in chunk order, to the owned rows the capped walk wrote
     # (its outputs: the owned ones, starting as those; its extra arguments: the chunk rows)
     chunk_sum: int = 0
+    # a deterministic forward walked in the atomic forward's tiles of this many dst-sorted edges: a run
+    # inside a tile is stored as its node's row, a run that crosses a tile's edge to a partial row of
+    # the tile (two per tile, :func:`tile_rows`: row 2 t holds the run that began before tile t, row
+    # 2 t + 1 the run that starts in it and goes on past it; an output after the kernel's); 0: none
+    partial_tiles: int = 0
+    # a launch that writes the row of each node whose run crosses an edge of tiles of this many
+    # sorted positions, as the sum of its partial rows in tile order, and zeros for the nodes without
+    # edges and the components no path writes (its outputs start as the tiled walk's; its extra
+    # argument: the partial rows)
+    tile_sum: int = 0
     # a deterministic backward's walk by destination over a slice of at most this many dst-sorted
     # positions (the first read from the one-element index argument ``slice_at``): x̄ of the slice's
     # edge at position p to row p - slice_begin
@@ -625,7 +647,7 @@ class KernelSchedule:
             return () if self.slice_first else (0,)
         if self.chunk_walk:  # per-edge outputs; owned ones go to chunk rows, SHARED ones to partial rows
             return tuple(k for k, out in enumerate(self.outputs) if out.flush == "store")
-        if self.beyond_cap or self.chunk_sum:
+        if self.beyond_cap or self.chunk_sum or self.tile_sum:
             return tuple(range(len(self.outputs)))
         if self.slice_walk and not self.slice_first:
             return tuple(k for k, out in enumerate(self.outputs) if out.flush == "store")
@@ -665,14 +687,14 @@ class KernelSchedule:
 
     @property
     def chunk_sum_blocks(self) -> int:
-        """A chunk sum's blocks of 32 columns over its outputs: a warp per 32 nodes and block."""
+        """A chunk or tile sum's blocks of 32 columns over its outputs: a warp per 32 nodes and block."""
         return sum(-(-out.dim // WARP) for out in self.outputs)
 
     def tiles(self, num_edges: int, num_segments: int) -> int:
         if self.slice_sum:  # a warp per (source node, and chunk row of runs in chunks) and group of columns
             items = num_segments + (chunk_rows(num_edges, self.chunk_walk) if self.chunk_walk else 0)
             return items * self.slice_sum_groups
-        if self.chunk_sum:
+        if self.chunk_sum or self.tile_sum:
             return -(-num_segments // WARP) * self.chunk_sum_blocks
         if self.chunk_walk:
             return chunk_rows(num_edges, self.chunk_walk)
@@ -1203,6 +1225,7 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
         return sliced
     launches = _launches(call, dtype, index_dtype, edges)
     if not _owned_by_grouping(call):
+        launches = [part for k in launches for part in _tiled_forward(call, k, dtype, index_dtype, edges)]
         if RUN_CHUNK <= 0 or edges is None or edges <= RUN_CHUNK:  # (no run is longer than edges)
             return launches
         return [part for k in launches for part in (_chunked(k, RUN_CHUNK) if _chunkable(k) else [k])]
@@ -1244,6 +1267,11 @@ def _sliced(call: Call, dtype: str, index_dtype: str, edges: int | None) -> list
     return [walk, dataclasses.replace(capped, chunk_walk=RUN_CHUNK), dataclasses.replace(chunk_total, slice_sum=0)]
 
 
+def tile_rows(edges: int, tile: int) -> int:
+    """Partial rows of a tiled deterministic forward (:attr:`KernelSchedule.partial_tiles`): two per tile."""
+    return 2 * -(-edges // tile)
+
+
 def chunk_rows(edges: int, chunk: int) -> int:
     """Rows of a chunk walk's owned outputs: one per window of ``chunk`` sorted positions."""
     return -(-edges // chunk)
@@ -1268,7 +1296,34 @@ def _chunked(kernel: KernelSchedule, chunk: int) -> list[KernelSchedule]:
 
 def _chunkable(kernel: KernelSchedule) -> bool:
     """Whether ``kernel`` gives each warp one node's whole run (its owned rows)."""
-    return kernel.tiling == "segments" and any(out.flush == "own" for out in kernel.outputs)
+    return kernel.tiling == "segments" and not kernel.tile_sum and any(out.flush == "own" for out in kernel.outputs)
+
+
+def _tiled_forward(call: Call, kernel: KernelSchedule, dtype: str, index_dtype: str,
+                   edges: int | None) -> list[KernelSchedule]:
+    """A deterministic forward's walk over dst runs in lockstep as two launches
+    (TILED_DETERMINISTIC_FORWARD): the atomic forward's walk over tiles of dst-sorted edges (its call
+    carrying ``dst``'s ordering alone), each of its z flushes stored to the node's row or to a partial
+    row of the tile, in tiles of a fixed size (not spread over the grid it gets); then the sum of the
+    partial rows. ``[kernel]`` for any other launch, and where the atomic call's plan walks z with
+    other outputs (the force loss's second derivative)."""
+    joint = kernel.joint
+    if (not TILED_DETERMINISTIC_FORWARD or not kernel.lockstep or kernel.segment_role != "z" or joint is None
+            or dict(joint.outputs).keys() != {"z"}):
+        return [kernel]
+    z = kernel.outputs[0].call_output
+    atomic = _launches(dataclasses.replace(call, deterministic=False, orderings=("z",)), dtype, index_dtype, edges)
+    walk = next((k for k in atomic if [o.call_output for o in k.outputs] == [z] and k.joint is not None
+                 and k.joint.by_destination), None)
+    if walk is None:
+        return [kernel]
+    (z_out,) = walk.outputs
+    walk = dataclasses.replace(walk, outputs=(dataclasses.replace(z_out, flush="tile"),), fill=False,
+                               partial_tiles=walk.tile)
+    total = dataclasses.replace(kernel, slots=(), stage_sizes=(), transpose_size=0, joint=None, stream=None,
+                                edge_sums_size=0, lockstep=False, ahead=0, ahead_copy_bytes=0, min_blocks=0,
+                                warps_per_block=WARPS_PER_BLOCK, tile_sum=walk.tile)
+    return [walk, total]
 
 
 def _owned_by_grouping(call: Call) -> bool:

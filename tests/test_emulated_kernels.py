@@ -226,10 +226,12 @@ def test_deterministic_walks_split_long_runs_into_chunks_added_in_order(lockstep
     """Runs longer than ``RUN_CHUNK`` by destination and by source (a padding node's, a hub's): each
     walk over sorted runs walks the runs' first chunk, a second launch walks every later chunk on a
     warp of its own into a row of its own (rows poisoned), and a third adds those rows to the node's
-    in chunk order; every member matches the reference. ``lockstep``: the first walks in step.
+    in chunk order; every member matches the reference. ``lockstep``: the first walks in step (the
+    forward too: ``TILED_DETERMINISTIC_FORWARD`` off).
     ``shared``: the backward by source also sums w̄ of shared weights, the chunks into partial rows
     of their own. (The backward walks by source: ``DETERMINISTIC_BACKWARD_SLICE_BYTES`` off.)"""
-    planned_with(RUN_CHUNK=4, DETERMINISTIC_BACKWARD_SLICE_BYTES=0, **({"LOCKSTEP_WARPS": ((0, 2),)} if lockstep else {}))
+    planned_with(RUN_CHUNK=4, DETERMINISTIC_BACKWARD_SLICE_BYTES=0, TILED_DETERMINISTIC_FORWARD=False,
+                 **({"LOCKSTEP_WARPS": ((0, 2),)} if lockstep else {}))
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(58), kernels, 9, 120, jnp.float64, bad_fraction=0.1,
                                      shared=shared)
@@ -347,8 +349,10 @@ def test_deterministic_walks_in_lockstep_match_reference(warps, one_block, num_n
     """Every walk over sorted runs in lockstep (``schedule.LOCKSTEP_WARPS``): the block's warps
     walk consecutive runs as long as the longest (a 90-edge run beside empty ones with 4 nodes),
     out-of-range indices and isolated nodes included; ``one_block``: a grid of one block walks
-    every run in turn. (The backward walks by source: ``DETERMINISTIC_BACKWARD_SLICE_BYTES`` off.)"""
-    planned_with(LOCKSTEP_WARPS=((0, warps),), DETERMINISTIC_BACKWARD_SLICE_BYTES=0, **({"MAX_BLOCKS": 1} if one_block else {}))
+    every run in turn. (The backward walks by source: ``DETERMINISTIC_BACKWARD_SLICE_BYTES`` off; the
+    forward walks its runs too: ``TILED_DETERMINISTIC_FORWARD`` off.)"""
+    planned_with(LOCKSTEP_WARPS=((0, warps),), DETERMINISTIC_BACKWARD_SLICE_BYTES=0, TILED_DETERMINISTIC_FORWARD=False,
+                 **({"MAX_BLOCKS": 1} if one_block else {}))
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
     args = random_graph(jax.random.PRNGKey(num_nodes), kernels, num_nodes, num_edges, jnp.float64, bad_fraction=0.1)
     before = _launches()
@@ -356,6 +360,43 @@ def test_deterministic_walks_in_lockstep_match_reference(warps, one_block, num_n
     walks = [k for k in kernel_emulator.launched()[before:] if k.tiling == "segments"]
     assert walks and all(k.lockstep and k.warps_per_block == warps for k in walks)
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, num_nodes))(*args), jnp.float64)
+
+
+def _no_path_to_3o_pair():
+    """32x0e+32x1o over 0e+1o+2e into 32x0e+32x1o+32x2e+32x3o: no path writes the 3o block."""
+    instructions = [(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (0, 2, 2, "uvu", True), (1, 1, 4, "uvu", True)]
+    return pair(("32x0e+32x1o", "0e+1o+2e", "32x0e+32x1o+32x2e+32x3o+32x0e", instructions, {}),
+                jax_cgtp.TensorProductConv, "auto", deterministic=True)
+
+
+@pytest.mark.parametrize("make_pair", [
+    functools.partial(spherical_harmonics_pair, jax_cgtp.TensorProductConv, kernels="auto", deterministic=True),
+    _no_path_to_3o_pair])
+def test_deterministic_forward_in_tiles_sums_the_partial_rows_in_order(make_pair, planned_with):
+    """The deterministic forward whose walk would run in lockstep (here every walk,
+    ``LOCKSTEP_WARPS``) walks the atomic forward's 32-edge tiles of dst-sorted edges: runs inside a
+    tile are stored as rows, runs across a tile's edge go to the tile's partial rows (poisoned), and
+    a second launch sums those in tile order. Node 4 receives a third of the edges (a run over several
+    tiles), node 5's edges all come from out-of-range sources (a row of zeros), the last nodes receive
+    none; a block of z that no path writes is zeros. Every member matches the reference, and the
+    forward is the same bits twice."""
+    planned_with(LOCKSTEP_WARPS=((0, 4),))
+    kernels, reference = make_pair()
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(7), kernels, 12, 150, jnp.float64, bad_fraction=0.1)
+    dst = dst.at[::3].set(4)
+    src = jnp.where(dst == 5, -1, src)
+    before = _launches()
+    actual = jax.jit(functools.partial(conv_members, kernels, 12))(x, y, w, src, dst)
+    launched = kernel_emulator.launched()[before:]
+    walk = next(k for k in launched if k.partial_tiles)
+    assert walk.call.walk == "z" and walk.outputs[0].flush == "tile" and walk.ahead and not walk.fill
+    assert any(k.tile_sum == walk.partial_tiles for k in launched)
+    assert not any(k.lockstep for k in launched if [o.role for o in k.call.outputs] == ["z"])
+    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 12))(x, y, w, src, dst), jnp.float64)
+    forward = jax.jit(kernels, static_argnums=5)
+    first, again = forward(x, y, w, src, dst, 12), forward(x, y, w, src, dst, 12)
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(again))
+    np.testing.assert_array_equal(np.asarray(first[5]), 0.0)
 
 
 @pytest.mark.parametrize("resident_blocks", [1, 3, 10**6])

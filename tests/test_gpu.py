@@ -378,13 +378,16 @@ def test_deterministic_runs_longer_than_a_tile(joint):
     _assert_conv_members_match(cuda, reference, 5, args, jnp.float64)
 
 
+@pytest.mark.parametrize("tiled_forward", [True, False])
 @pytest.mark.parametrize("long_runs", [False, True])
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_deterministic_walks_in_lockstep_match_reference(dtype, long_runs, planned_with):
+def test_deterministic_walks_in_lockstep_match_reference(dtype, long_runs, tiled_forward, planned_with):
     """Every walk over sorted runs in blocks of 4 warps that walk consecutive runs in step (at the
     library's thresholds only passes of long CG code do); ``long_runs``: node 3 sends and node 7
-    receives 1,000 edges, which the walks in step cap at ``RUN_CHUNK`` and the chunk walks finish."""
-    planned_with(LOCKSTEP_WARPS=((0, 4),))
+    receives 1,000 edges, which the walks in step cap at ``RUN_CHUNK`` and the chunk walks finish.
+    ``tiled_forward``: the forward walks 32-edge tiles instead and sums the partial rows of the runs
+    that cross a tile's edge (``schedule.TILED_DETERMINISTIC_FORWARD``, the library's setting)."""
+    planned_with(LOCKSTEP_WARPS=((0, 4),), TILED_DETERMINISTIC_FORWARD=tiled_forward)
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(47), cuda, 300, 5000, dtype, bad_fraction=0.05)
     if long_runs:
@@ -456,20 +459,21 @@ def test_deterministic_backward_in_slices_matches_reference(dtype, shared, plann
         assert_close(actual, jax.jit(functools.partial(family, reference, 300))(*in_float64(args)), dtype)
 
 
-@pytest.mark.parametrize("plan", ["slots", "joint", "lockstep", "stream", "chunks", "shared_chunks", "slices",
-                                  "by_source"])
+@pytest.mark.parametrize("plan", ["slots", "joint", "lockstep", "lockstep_forward", "stream", "chunks",
+                                  "shared_chunks", "slices", "by_source"])
 def test_deterministic_convolution_is_bitwise_reproducible(plan, planned_with):
     """Slot by slot (a random problem), by joint passes (spherical harmonics; walked in lockstep
-    too), by weight streams (a fully connected product), and by chunks: runs of 10,000 edges by
+    too, the forward in tiles whose partial rows are summed in order, or with
+    ``lockstep_forward`` in lockstep too), by weight streams (a fully connected product), and by chunks: runs of 10,000 edges by
     source and by destination, walked (the forward) or summed (the backward's slice rows) in chunks
     of ``RUN_CHUNK`` whose rows are added in order (``shared_chunks``: with shared weights, whose w̄
     the chunk walks add partial rows to); the backward by destination in slices of 7,000 positions
     (``slices``, with the long runs), or walking by source (``by_source``, with the long runs)."""
-    if plan == "lockstep":
-        planned_with(LOCKSTEP_WARPS=((0, 4),))
+    if plan in ("lockstep", "lockstep_forward"):
+        planned_with(LOCKSTEP_WARPS=((0, 4),), TILED_DETERMINISTIC_FORWARD=plan == "lockstep")
     if plan == "by_source":
         planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
-    if plan in ("joint", "lockstep", "chunks", "shared_chunks", "slices", "by_source"):
+    if plan in ("joint", "lockstep", "lockstep_forward", "chunks", "shared_chunks", "slices", "by_source"):
         cuda, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
     elif plan == "stream":
         cuda, _ = fully_connected_pair(jax_cgtp.TensorProductConv, deterministic=True)

@@ -271,10 +271,11 @@ LOCKSTEP_WARPS = ((800, 4), (2048, 8))
 # look-ahead ring and the merged blocks, no atomics. A run inside a tile is stored as its node's row,
 # a run that crosses a tile's edge goes to a partial row of the tile, and a second launch writes
 # each crossing node's row as the sum of its partial rows in tile order. The lockstep walk waits at
-# each barrier for the longest run of its block; on equal runs (the spatial graph) the
-# deterministic forward of nequip-revmd17-benzene took 0.95x the atomic one's time in float64 but
-# 1.31x in float32, against 1.27x and 1.53x on the random graph (H200,
-# benchmarks/results/nvidia-h200/det-forward-lockstep/).
+# each barrier for the longest run of its block, and has neither the ring nor the merged blocks. H200,
+# random graph, every peer in one process (benchmarks/results/nvidia-h200/det-forward-tiled/): the
+# deterministic forward of nequip-revmd17-benzene took 1.05x the atomic one's time in float32 and
+# 1.16x in float64 (lockstep: 1.53x and 1.27x), l5-c32's 1.34x in float32 (1.49x). The partial rows
+# take two z rows per tile (benzene: 476 MiB of temporaries in float32, was 60 MiB).
 TILED_DETERMINISTIC_FORWARD = True
 # ptxas holds many kernels at 128 registers (16 warps per SM at 128 threads per block) where their code
 # would take more. Free-running warps of a walk over long code then sit at different places in it
@@ -1217,8 +1218,9 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
     (:func:`slot_groups`); without, tiles are 32 edges and every warp runs every slot. The atomic
     convolution's forward by ``dst`` runs (:func:`owned_forward_is_faster`) walks each run's first
     OWNED_RUN_CAP edges, and a second launch, the atomic forward's, adds the rest. A deterministic
-    call's walks over sorted runs walk chunks of RUN_CHUNK edges (:func:`_chunked`) where ``edges``
-    is given and more than RUN_CHUNK.
+    forward whose walk would run in lockstep walks tiles instead (:func:`_tiled_forward`). A
+    deterministic call's walks over sorted runs walk chunks of RUN_CHUNK edges (:func:`_chunked`)
+    where ``edges`` is given and more than RUN_CHUNK.
     """
     sliced = _sliced(call, dtype, index_dtype, edges)
     if sliced:

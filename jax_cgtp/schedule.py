@@ -275,8 +275,11 @@ LOCKSTEP_WARPS = ((800, 4), (2048, 8))
 # random graph, every peer in one process (benchmarks/results/nvidia-h200/det-forward-tiled/): the
 # deterministic forward of nequip-revmd17-benzene took 1.05x the atomic one's time in float32 and
 # 1.16x in float64 (lockstep: 1.53x and 1.27x), l5-c32's 1.34x in float32 (1.49x). The partial rows
-# take two z rows per tile (benzene: 476 MiB of temporaries in float32, was 60 MiB).
+# take two z rows per tile (benzene: 476 MiB of temporaries in float32, was 60 MiB). They grow with
+# the edges: a graph whose partial rows would take more than TILED_FORWARD_MAX_BYTES keeps the
+# lockstep walk, which needs none.
 TILED_DETERMINISTIC_FORWARD = True
+TILED_FORWARD_MAX_BYTES = 1 << 30
 # ptxas holds many kernels at 128 registers (16 warps per SM at 128 threads per block) where their code
 # would take more. Free-running warps of a walk over long code then sit at different places in it
 # and miss the instruction cache: nequip-revmd17-benzene's float32 atomic conv_bwd (3,666 terms) at
@@ -1307,17 +1310,18 @@ def _tiled_forward(call: Call, kernel: KernelSchedule, dtype: str, index_dtype: 
     (TILED_DETERMINISTIC_FORWARD): the atomic forward's walk over tiles of dst-sorted edges (its call
     carrying ``dst``'s ordering alone), each of its z flushes stored to the node's row or to a partial
     row of the tile, in tiles of a fixed size (not spread over the grid it gets); then the sum of the
-    partial rows. ``[kernel]`` for any other launch, and where the atomic call's plan walks z with
-    other outputs (the force loss's second derivative)."""
+    partial rows. ``[kernel]`` for any other launch, where ``edges`` is not given or the partial rows
+    would take more than TILED_FORWARD_MAX_BYTES, and where the atomic call's plan walks z with other
+    outputs (the force loss's second derivative)."""
     joint = kernel.joint
     if (not TILED_DETERMINISTIC_FORWARD or not kernel.lockstep or kernel.segment_role != "z" or joint is None
-            or dict(joint.outputs).keys() != {"z"}):
+            or dict(joint.outputs).keys() != {"z"} or edges is None):
         return [kernel]
     z = kernel.outputs[0].call_output
     atomic = _launches(dataclasses.replace(call, deterministic=False, orderings=("z",)), dtype, index_dtype, edges)
     walk = next((k for k in atomic if [o.call_output for o in k.outputs] == [z] and k.joint is not None
                  and k.joint.by_destination), None)
-    if walk is None:
+    if walk is None or tile_rows(edges, walk.tile) * kernel.outputs[0].dim * kernel.itemsize > TILED_FORWARD_MAX_BYTES:
         return [kernel]
     (z_out,) = walk.outputs
     walk = dataclasses.replace(walk, outputs=(dataclasses.replace(z_out, flush="tile"),), fill=False,

@@ -2,6 +2,7 @@
 
 import collections
 import dataclasses
+import functools
 import os
 import re
 import types
@@ -592,7 +593,8 @@ def test_only_the_deterministic_forward_writes_z_lane_by_lane(dtype):
 def test_deterministic_walks_of_long_code_run_in_lockstep(planned_with):
     """A walk over sorted runs keeps one free warp per block up to the first LOCKSTEP_WARPS step of
     CG terms; above it, blocks of W warps walk consecutive runs together and meet before each
-    group of paths (the backward: walking by source)."""
+    group of paths (the backward: walking by source; the forward as planned without its edge count,
+    which keeps it from walking tiles instead)."""
     planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     def up_to(lmax, irreps_in1, irreps_in2):  # the outputs of l <= lmax (sevennet-l3-c32 and l5-c32)
@@ -764,6 +766,28 @@ def test_nvrtc_compiles_convolution_kernels(lower_for_sm90, deterministic, plann
             assert any(k.joint is not None and k.has_partials for k in cuda_lowering.planned_kernels(grads, x, y, w))
         assert cuda_lowering.precompile(grads, x, y, w) >= 2
     assert seen == ({(50, 0, 0), (50, 50, 0)} if deterministic else set())
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_nvrtc_compiles_the_tiled_deterministic_forward(lower_for_sm90, dtype):
+    """l5-c32's deterministic forward (5,265 CG terms, beyond the lockstep threshold) on 1,000 edges:
+    the atomic forward's walk over 32-edge tiles, its z stored to rows or to 2 partial rows per tile,
+    then their sum; NVRTC compiles both."""
+    conv = jax_cgtp.channelwise_tensor_product("32x0e+32x1o+32x2e+32x3o+32x4e+32x5o", "0e+1o+2e+3o+4e+5o",
+                                               filter_ir_out=[f"{l}{p}" for l in range(6) for p in "eo"])
+    conv = jax_cgtp.TensorProductConv(conv.irreps_in1, conv.irreps_in2, conv.irreps_out,
+                                      [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in conv.instructions],
+                                      deterministic=True)
+    x = jnp.ones((50, conv.irreps_in1.dim), dtype)
+    y = jnp.ones((1000, conv.irreps_in2.dim), dtype)
+    w = jnp.ones((1000, conv.weight_numel), dtype)
+    index = jnp.arange(1000, dtype=jnp.int32) % 50
+    forward = functools.partial(conv, src=index, dst=index, num_nodes=50)
+    walk, total = cuda_lowering.planned_kernels(forward, x, y, w)
+    assert walk.partial_tiles == total.tile_sum == 32 and walk.outputs[0].flush == "tile" and not walk.lockstep
+    assert "cgtp_tile_row(out0, tile_rows, off_z, cur, tile, first, count," in codegen.generate(walk)
+    assert cuda_lowering.precompile(forward, x, y, w) == 2
 
 
 @needs_nvrtc

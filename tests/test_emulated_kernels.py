@@ -399,6 +399,20 @@ def test_deterministic_forward_in_tiles_sums_the_partial_rows_in_order(make_pair
     np.testing.assert_array_equal(np.asarray(first[5]), 0.0)
 
 
+def test_deterministic_forward_keeps_the_lockstep_walk_where_partial_rows_would_pass_the_cap(planned_with):
+    """Above ``TILED_FORWARD_MAX_BYTES`` of partial rows (a graph of many edges; here 150 edges) the
+    deterministic forward walks its runs in lockstep, with no partial rows, and matches the reference."""
+    planned_with(LOCKSTEP_WARPS=((0, 4),), TILED_FORWARD_MAX_BYTES=1000)
+    kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(8), kernels, 12, 150, jnp.float64, bad_fraction=0.1)
+    before = _launches()
+    actual = jax.jit(kernels, static_argnums=5)(x, y, w, src, dst, 12)
+    launched = kernel_emulator.launched()[before:]
+    assert not any(k.partial_tiles or k.tile_sum for k in launched)
+    assert any(k.lockstep for k in launched)
+    assert_close(actual, jax.jit(reference, static_argnums=5)(x, y, w, src, dst, 12), jnp.float64)
+
+
 @pytest.mark.parametrize("resident_blocks", [1, 3, 10**6])
 def test_filling_launches_spread_the_edges_over_the_warps_they_get(resident_blocks, monkeypatch):
     """600 edges over the warps of 1 or 3 resident blocks (rounds of 30 and 25 edges per warp), or

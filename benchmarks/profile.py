@@ -59,11 +59,15 @@ def describe(kernel: schedule.KernelSchedule) -> str:
     else:
         joint = f"{len(kernel.slots)} slots"
     ahead = f", look-ahead ring of {kernel.ahead + 1} slots" if kernel.ahead else ""
+    ahead += ", two partial rows per tile" if kernel.partial_tiles else ""
     cap = (f", each run's first {kernel.run_cap} edges" if kernel.run_cap else
            f", the edges past the first {kernel.beyond_cap} of their run" if kernel.beyond_cap else
            f", chunks of {kernel.chunk_walk} edges after each run's first" if kernel.chunk_walk else "")
     if kernel.chunk_sum:
         return f"[{outputs}] the rows of chunks of {kernel.chunk_sum} edges, added to their run's node in order"
+    if kernel.tile_sum:
+        return (f"[{outputs}] the partial rows of the runs across an edge of {kernel.tile_sum}-edge tiles, "
+                "summed in tile order")
     return (f"[{outputs}] {joint}, tiles of {kernel.tile} edges ({kernel.tiling}), {kernel.num_groups} group(s), "
             f"{kernel.shared_bytes} shared bytes per block{ahead}{cap}")
 

@@ -140,27 +140,35 @@ def _emit_warp_indices(w: Writer) -> None:
     w("const long long num_warps = ((long long)gridDim.x * blockDim.x) >> 5;")
 
 
+def _open_item_runs(w: Writer, schedule: KernelSchedule, selected: str) -> None:
+    """Open the loops of a chunk or tile sum: warp items of 32 nodes of the segment role (the lane's
+    ``node``, its run ``[run_begin, run_end)``) and a block of 32 columns (``column_block``), then the
+    item's nodes for which ``selected`` holds, in order (``seg``, its run ``[seg_begin, seg_end)``).
+    The caller closes both."""
+    r, blocks = schedule.segment_role, schedule.chunk_sum_blocks
+    _emit_warp_indices(w)
+    w(f"// warp item: 32 {r}-nodes (item / {blocks}) and a block of 32 columns (item % {blocks})")
+    w.open(f"for (long long item = warp; item < (rows_{r} + 31) / 32 * {blocks}; item += num_warps)")
+    w(f"const long long node = item / {blocks} * 32 + lane;")
+    w(f"const int column_block = (int)(item % {blocks});")
+    w("long long run_begin, run_end;")
+    w(f"cgtp_run(off_{r}, node, rows_{r}, run_begin, run_end);")
+    w(f"unsigned nodes = __ballot_sync(CGTP_FULL_MASK, {selected});")
+    w.open("while (nodes)")
+    w("const int t = __ffs(nodes) - 1;")
+    w("nodes &= nodes - 1;")
+    w("const long long seg = node - lane + t;")
+    w("const long long seg_begin = __shfl_sync(CGTP_FULL_MASK, run_begin, t);")
+    w("const long long seg_end = __shfl_sync(CGTP_FULL_MASK, run_end, t);")
+
+
 def _emit_chunk_sums(w: Writer, schedule: KernelSchedule) -> None:
     """Each node whose run is longer than the chunk: its row plus its chunks' rows, in chunk order
     (chunk k >= 1 of the run starting at ``off[node]`` is row ``(off[node] + k * chunk) / chunk``).
     A warp takes 32 nodes and 32 columns: the lanes find the nodes with long runs, then add each one's
     columns, a lane per column."""
-    r, chunk = schedule.segment_role, schedule.chunk_sum
-    _emit_warp_indices(w)
-    blocks = schedule.chunk_sum_blocks
-    w(f"// warp item: 32 {r}-nodes (item / {blocks}) and a block of 32 columns (item % {blocks})")
-    w.open(f"for (long long item = warp; item < (rows_{r} + 31) / 32 * {blocks}; item += num_warps)")
-    w(f"const long long node = item / {blocks} * 32 + lane;")
-    w(f"const int column_block = (int)(item % {blocks});")
-    w(f"const long long run_begin = node < rows_{r} ? (long long)off_{r}[node] : 0;")
-    w(f"const long long run_end = node < rows_{r} ? (long long)off_{r}[node + 1] : 0;")
-    w(f"unsigned long_runs = __ballot_sync(CGTP_FULL_MASK, run_end - run_begin > {chunk});")
-    w.open("while (long_runs)")
-    w("const int t = __ffs(long_runs) - 1;")
-    w("long_runs &= long_runs - 1;")
-    w("const long long seg = node - lane + t;")
-    w("const long long seg_begin = __shfl_sync(CGTP_FULL_MASK, run_begin, t);")
-    w("const long long seg_end = __shfl_sync(CGTP_FULL_MASK, run_end, t);")
+    chunk = schedule.chunk_sum
+    _open_item_runs(w, schedule, f"run_end - run_begin > {chunk}")
     w(f"const long long rows_after = (seg_end - seg_begin - 1) / {chunk};  // the chunks after the first")
     first = 0
     for k, out in enumerate(schedule.outputs):
@@ -184,31 +192,19 @@ def _emit_tile_sums(w: Writer, schedule: KernelSchedule) -> None:
     r, tile = schedule.segment_role, schedule.tile_sum
     (out,) = schedule.outputs
     no_path = " || ".join(f"(q >= {start} && q < {end})" for start, end in out.zero_ranges)
-    _emit_warp_indices(w)
-    blocks = schedule.chunk_sum_blocks
-    w(f"// warp item: 32 {r}-nodes (item / {blocks}) and a block of 32 columns (item % {blocks})")
-    w.open(f"for (long long item = warp; item < (rows_{r} + 31) / 32 * {blocks}; item += num_warps)")
-    w(f"const long long node = item / {blocks} * 32 + lane;")
-    w("const int q = (int)(item % " + f"{blocks}) * 32 + lane;  // the lane's column")
-    w("long long run_begin, run_end;")
-    w(f"cgtp_run(off_{r}, node, rows_{r}, run_begin, run_end);")
-    w(f"const bool crosses = run_end > run_begin && run_begin / {tile} != (run_end - 1) / {tile};")
-    mine = f"node < rows_{r}" if no_path else f"crosses || (node < rows_{r} && run_end == run_begin)"
-    w(f"unsigned nodes = __ballot_sync(CGTP_FULL_MASK, {mine});")
-    w.open("while (nodes)")
-    w("const int t = __ffs(nodes) - 1;")
-    w("nodes &= nodes - 1;")
-    w("const long long seg = node - lane + t;")
-    w("const long long seg_begin = __shfl_sync(CGTP_FULL_MASK, run_begin, t);")
-    w("const long long seg_end = __shfl_sync(CGTP_FULL_MASK, run_end, t);")
+    crosses = f"run_end > run_begin && run_begin / {tile} != (run_end - 1) / {tile}"
+    empty = f"node < rows_{r} && run_end == run_begin"
+    _open_item_runs(w, schedule, f"node < rows_{r}" if no_path else f"({crosses}) || ({empty})")
+    w("const int q = column_block * 32 + lane;  // the lane's column")
     w(f"if (q >= {out.dim}) continue;")
     w(f"T* const row = out0 + seg * {out.dim}LL + q;")
     if no_path:
         w(f"if ({no_path}) {{ *row = T(0); continue; }}  // no path writes the component")
     w(f"const long long first_tile = seg_begin / {tile}, last_tile = (seg_end - 1) / {tile};")
     w("if (seg_end == seg_begin) *row = T(0);  // no edges")
-    w(f"else if (first_tile != last_tile) *row = cgtp_add_rows_in_order(tile_rows[(2 * first_tile + 1) * {out.dim}LL + q], "
-      f"tile_rows + q, first_tile + 1, last_tile - first_tile, {2 * out.dim});")
+    w(f"else if (first_tile != last_tile) *row = cgtp_add_rows_in_order("
+      f"tile_rows[(2 * first_tile + 1) * {out.dim}LL + q], tile_rows + q, first_tile + 1, last_tile - first_tile, "
+      f"{2 * out.dim});")
     w.close()
     w.close()
 

@@ -2,6 +2,8 @@
 //
 // Every thread of a block is a fiber (a ucontext with its own stack), and a block's fibers take
 // turns on the calling thread: a fiber runs until it waits at a barrier, then the next one runs.
+// A fiber starts from its ucontext once; after that, the switches to and from it are _setjmp and
+// _longjmp, which leave the signal mask alone (swapcontext makes a system call for it each time).
 // The 32 threads of a warp meet at a barrier for __syncwarp and for each shuffle or ballot (a
 // value is published, the warp meets, the source lanes' values are read, the warp meets again),
 // and the block's threads at another for __syncthreads. This is exact for code whose warp-synchronous
@@ -11,6 +13,8 @@
 // Timing means nothing here: only the arithmetic and the memory accesses are checked.
 #include <sys/mman.h>
 #include <ucontext.h>
+
+#include <csetjmp>
 
 #include <atomic>
 #include <cstddef>
@@ -39,11 +43,18 @@ struct cgtp_emu_warp {
   alignas(8) unsigned char slots[32][8];
 };
 
+// A CUDA thread: `start` runs it from the kernel's beginning, `resume` from the barrier it waits at.
+struct cgtp_emu_fiber {
+  ucontext_t start;
+  std::jmp_buf resume;
+  bool started = false;
+};
+
 inline cgtp_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;  // threadIdx: the running fiber's
 inline cgtp_emu_warp* cgtp_emu_my_warp = nullptr;
 inline cgtp_emu_barrier* cgtp_emu_block_meet = nullptr;  // the running block's (one block at a time)
-inline ucontext_t cgtp_emu_scheduler;
-inline ucontext_t* cgtp_emu_running = nullptr;  // the running fiber's context
+inline std::jmp_buf cgtp_emu_scheduler;
+inline cgtp_emu_fiber* cgtp_emu_running = nullptr;
 inline unsigned long long cgtp_emu_arrivals = 0;  // barrier arrivals so far: progress
 inline bool cgtp_emu_waiting = false;  // the fiber that switched back waits at a barrier
 
@@ -59,7 +70,7 @@ inline void cgtp_emu_arrive_and_wait(cgtp_emu_barrier& barrier) {
   }
   while (barrier.generation == generation) {
     cgtp_emu_waiting = true;
-    swapcontext(cgtp_emu_running, &cgtp_emu_scheduler);
+    if (!_setjmp(cgtp_emu_running->resume)) _longjmp(cgtp_emu_scheduler, 1);
   }
 }
 
@@ -154,14 +165,18 @@ int cgtp_emu_launch(long long grid, int block, Kernel kernel) {
     cgtp_emu_barrier block_meet{block};
     cgtp_emu_block_meet = &block_meet;
     blockIdx.x = static_cast<unsigned>(b);
-    std::vector<ucontext_t> fibers(block);
+    std::vector<cgtp_emu_fiber> fibers(block);
     std::vector<char> done(block, 0);
     for (int t = 0; t < block; ++t) {
-      getcontext(&fibers[t]);
-      fibers[t].uc_stack.ss_sp = static_cast<char*>(stacks) + stack_bytes * t;
-      fibers[t].uc_stack.ss_size = stack_bytes;
-      fibers[t].uc_link = &cgtp_emu_scheduler;
-      makecontext(&fibers[t], +[] { (*body)(); }, 0);
+      ucontext_t& start = fibers[t].start;
+      getcontext(&start);
+      start.uc_stack.ss_sp = static_cast<char*>(stacks) + stack_bytes * t;
+      start.uc_stack.ss_size = stack_bytes;
+      start.uc_link = nullptr;  // it never returns: it jumps back to the scheduler
+      makecontext(&start, +[] {
+        (*body)();
+        _longjmp(cgtp_emu_scheduler, 1);
+      }, 0);
     }
     for (int live = block; live > 0;) {
       const unsigned long long arrivals = cgtp_emu_arrivals;
@@ -172,7 +187,11 @@ int cgtp_emu_launch(long long grid, int block, Kernel kernel) {
         cgtp_emu_my_warp = &warps[t / 32];
         cgtp_emu_running = &fibers[t];
         cgtp_emu_waiting = false;
-        swapcontext(&cgtp_emu_scheduler, &fibers[t]);
+        if (!_setjmp(cgtp_emu_scheduler)) {
+          if (fibers[t].started) _longjmp(fibers[t].resume, 1);
+          fibers[t].started = true;
+          setcontext(&fibers[t].start);
+        }
         done[t] = !cgtp_emu_waiting;  // it returned, or it switched back from a barrier
         live -= done[t];
       }

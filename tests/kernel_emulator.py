@@ -33,8 +33,8 @@ COMPILER = shutil.which("g++")
 _BUILD = pathlib.Path(tempfile.mkdtemp(prefix="jax_cgtp_emulated_"))
 atexit.register(shutil.rmtree, _BUILD, ignore_errors=True)
 # -O0: the kernels' long unrolled code compiles about 4x faster than at -O1, and the small emulated
-# launches run about as fast
-_FLAGS = ["-std=c++20", "-O0", "-w", "-fPIC", "-pthread"]
+# launches run about as fast. No _FORTIFY_SOURCE: its checked _longjmp refuses to switch fiber stacks.
+_FLAGS = ["-std=c++20", "-O0", "-U_FORTIFY_SOURCE", "-w", "-fPIC", "-pthread"]
 _PARAMETER = re.compile(r"^\s*(const )?(T\*|I\*|long long\*|long long) (?:__restrict__ )?(\w+)[,)]", re.M)
 
 

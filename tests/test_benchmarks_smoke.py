@@ -162,6 +162,30 @@ def test_profile_counts_the_launches_that_jit_keeps(lower_for_sm90, capsys):
 
 
 @pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_nvrtc_compiles_the_product_kernels_of_every_public_config(lower_for_sm90, dtype):
+    """Every public benchmark config's forward and fused backward, as the benchmark plans them (its
+    edge count for the dtype): NVRTC compiles each kernel to a cubin with 1-255 registers and no
+    local memory beyond a few spilled words."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from benchmarks import kernel_stats
+    from jax_cgtp import codegen
+
+    kernels = {(config, phase): kernel_stats.row_kernels(config, phase, dtype, "jax_cgtp")
+               for config in configs.SUITES["public"] for phase in ("fwd", "bwd")}
+    assert all(len(planned) == 1 for planned in kernels.values()), {row: len(k) for row, k in kernels.items()}
+
+    def compiled(kernel):
+        return kernel_stats.cubin_stats(nvrtc.compile_cubin(codegen.generate(kernel), "sm_90", str(kernel.call.problem)))
+
+    with ThreadPoolExecutor() as pool:
+        stats = dict(zip(kernels, pool.map(compiled, (planned[0] for planned in kernels.values()))))
+    for row, s in stats.items():
+        assert 0 < s.registers <= 255 and s.instructions > 0 and s.local_bytes <= 256, (row, s)
+
+
+@pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
 def test_kernel_stats_reads_registers_and_code_size_from_each_cubin(lower_for_sm90, capsys):
     """One line per launch of each row (a double backward is two, the atomic forward by destination
     runs too, the deterministic one three: its runs' first chunks, the later chunks, their sums), each

@@ -162,6 +162,7 @@ def test_profile_counts_the_launches_that_jit_keeps(lower_for_sm90, capsys):
 
 
 @pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
+@pytest.mark.slow_compile
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_nvrtc_compiles_the_product_kernels_of_every_public_config(lower_for_sm90, dtype):
     """Every public benchmark config's forward and fused backward, as the benchmark plans them (its

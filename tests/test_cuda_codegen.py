@@ -708,12 +708,13 @@ def _specs():
 
 
 @needs_nvrtc
+@pytest.mark.slow_compile
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_nvrtc_compiles_every_member_of_random_problems(lower_for_sm90, dtype):
-    """The forward and fused backward of 20 random problems in float32; in float64, of 10 (every
-    mode), with their JVP and a single-operand gradient. The public benchmark configs' kernels:
+    """The forward and fused backward of 20 random problems of every mode, in float64 with their JVP
+    and a single-operand gradient too. The public benchmark configs' kernels:
     ``test_benchmarks_smoke.test_nvrtc_compiles_the_product_kernels_of_every_public_config``."""
-    specs = _specs() if dtype == jnp.float32 else _specs()[::2]
+    specs = _specs()
     tps = [build(spec) for spec in specs]
     for tp in tps:  # every member on the kernels ("auto" runs some on XLA; the constructor's "cuda" wants a GPU)
         tp.backend = "cuda"
@@ -772,12 +773,12 @@ def test_nvrtc_compiles_convolution_kernels(lower_for_sm90, deterministic, plann
 
 
 @needs_nvrtc
-def test_nvrtc_compiles_the_tiled_deterministic_forward(lower_for_sm90):
-    """l5-c32's deterministic forward (5,265 CG terms, beyond the lockstep threshold) on 1,000 edges
-    in float32: the atomic forward's walk over 32-edge tiles, its z stored to rows or to 2 partial
-    rows per tile, then their sum; NVRTC compiles both. (The float64 kernels compile and run in
-    ``pytest -m gpu``'s long-code tests.)"""
-    dtype = jnp.float32
+@pytest.mark.slow_compile
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_nvrtc_compiles_the_tiled_deterministic_forward(lower_for_sm90, dtype):
+    """l5-c32's deterministic forward (5,265 CG terms, beyond the lockstep threshold) on 1,000 edges:
+    the atomic forward's walk over 32-edge tiles, its z stored to rows or to 2 partial rows per tile,
+    then their sum; NVRTC compiles both."""
     conv = jax_cgtp.channelwise_tensor_product("32x0e+32x1o+32x2e+32x3o+32x4e+32x5o", "0e+1o+2e+3o+4e+5o",
                                                filter_ir_out=[f"{l}{p}" for l in range(6) for p in "eo"])
     conv = jax_cgtp.TensorProductConv(conv.irreps_in1, conv.irreps_in2, conv.irreps_out,

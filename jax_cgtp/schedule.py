@@ -274,7 +274,8 @@ LOCKSTEP_WARPS = ((800, 4), (2048, 8))
 # each barrier for the longest run of its block, and has neither the ring nor the merged blocks. H200,
 # random graph, every peer in one process (benchmarks/results/nvidia-h200/det-forward-tiled/): the
 # deterministic forward of nequip-revmd17-benzene took 1.05x the atomic one's time in float32 and
-# 1.16x in float64 (lockstep: 1.53x and 1.27x), l5-c32's 1.34x in float32 (1.49x). The partial rows
+# 1.16x in float64 (lockstep: 1.53x and 1.27x), l5-c32's 1.34x and, in another run of the same
+# kernels, 1.22x in float32 (1.49x), 1.10x in float64. The partial rows
 # take two z rows per tile (benzene: 476 MiB of temporaries in float32, was 60 MiB). They grow with
 # the edges: a graph whose partial rows would take more than TILED_FORWARD_MAX_BYTES keeps the
 # lockstep walk, which needs none.
@@ -1293,10 +1294,17 @@ def _chunked(kernel: KernelSchedule, chunk: int) -> list[KernelSchedule]:
     weights) gets partial rows of the chunk walk's own, which the caller adds to the walk's."""
     owned = tuple(out for out in kernel.outputs if out.flush == "own")
     walk = dataclasses.replace(kernel, lockstep=False, warps_per_block=1, chunk_walk=chunk)
-    total = dataclasses.replace(kernel, outputs=owned, slots=(), stage_sizes=(), transpose_size=0, joint=None,
-                                stream=None, edge_sums_size=0, lockstep=False, ahead=0, ahead_copy_bytes=0,
-                                min_blocks=0, warps_per_block=WARPS_PER_BLOCK, chunk_sum=chunk)
+    total = _row_sum(kernel, outputs=owned, chunk_sum=chunk)
     return [dataclasses.replace(kernel, run_cap=chunk), walk, total]
+
+
+def _row_sum(kernel: KernelSchedule, **sum_fields) -> KernelSchedule:
+    """``kernel``'s call and outputs as a launch that sums rows a walk left (``sum_fields``: which,
+    e.g. ``chunk_sum``): no slots, staging, joint pass, weight stream, ring or lockstep, and
+    WARPS_PER_BLOCK warps per block."""
+    return dataclasses.replace(kernel, slots=(), stage_sizes=(), transpose_size=0, joint=None, stream=None,
+                               edge_sums_size=0, lockstep=False, ahead=0, ahead_copy_bytes=0, min_blocks=0,
+                               warps_per_block=WARPS_PER_BLOCK, **sum_fields)
 
 
 def _chunkable(kernel: KernelSchedule) -> bool:
@@ -1326,10 +1334,7 @@ def _tiled_forward(call: Call, kernel: KernelSchedule, dtype: str, index_dtype: 
     (z_out,) = walk.outputs
     walk = dataclasses.replace(walk, outputs=(dataclasses.replace(z_out, flush="tile"),), fill=False,
                                partial_tiles=walk.tile)
-    total = dataclasses.replace(kernel, slots=(), stage_sizes=(), transpose_size=0, joint=None, stream=None,
-                                edge_sums_size=0, lockstep=False, ahead=0, ahead_copy_bytes=0, min_blocks=0,
-                                warps_per_block=WARPS_PER_BLOCK, tile_sum=walk.tile)
-    return [walk, total]
+    return [walk, _row_sum(kernel, tile_sum=walk.tile)]
 
 
 def _owned_by_grouping(call: Call) -> bool:

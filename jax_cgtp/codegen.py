@@ -21,7 +21,7 @@ import pathlib
 from .operands import BATCHED, INDEXED, SHARED
 from .codegen_joint import emit_joint
 from .codegen_stream import emit_stream
-from .cuda_text import Writer, emit_chunk_lanes, emit_edge_header, literal, owned_end, put, row_of, tile_value
+from .cuda_text import Writer, emit_chunk_flush, emit_chunk_lanes, emit_edge_header, literal, owned_end, put, row_of, tile_value
 from .schedule import WARP, Contribution, Factor, KernelSchedule, Slot, slot_chunks, stage_width
 
 _HEADER = "cgtp_device.cuh"
@@ -601,18 +601,7 @@ def _emit_flush(w: Writer, schedule: KernelSchedule, slot: Slot, row: str) -> No
     elif slot.dim == 1:
         w(f"if (active) {put(out, 'dst + lc', 'acc_0')}")
     else:
-        d = slot.dim
-        w.open("if (active)")
-        for q, a in enumerate(accs):
-            w(f"obuf[lane * {d} + {q}] = {a};")
-        w.close()
-        w("__syncwarp();")
-        w("#pragma unroll")
-        w.open(f"for (int r = 0; r < {d}; ++r)")
-        w("const int q = r * 32 + lane;")
-        w(f"if (q < nrows * {d}) {put(out, f'dst + c * {WARP * d} + q', 'obuf[q]')}")
-        w.close()
-        w("__syncwarp();")
+        emit_chunk_flush(w, schedule, accs, "", lambda v: put(out, f"dst + c * {WARP * slot.dim} + q", v))
     w(" ".join(f"{a} = T(0);" for a in accs))
 
 

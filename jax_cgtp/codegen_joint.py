@@ -12,7 +12,7 @@ from it. :mod:`jax_cgtp.codegen` writes the kernel around it.
 from __future__ import annotations
 
 from .operands import BATCHED, INDEXED, SHARED
-from .cuda_text import (Writer, edge_ok, emit_chunk_lanes, emit_edge_header, emit_transposed_sum, lane_row,
+from .cuda_text import (Writer, edge_ok, emit_chunk_flush, emit_chunk_lanes, emit_edge_header, emit_transposed_sum, lane_row,
                         literal, owned_end, put, rounded, row_of, signed_sum, signed_term, tile_value)
 from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, JointPath, KernelSchedule, ahead_slot,
                        stage_width)
@@ -1021,17 +1021,7 @@ def _emit_joint_flush(w: Writer, schedule: KernelSchedule, role: str, offset: in
             w(put(out, f"dst_{role} + lc * {dim} + {q}", a, add))
         w.close()
     else:
-        w.open("if (active)")
-        for q, a in enumerate(names):
-            w(f"obuf[lane * {dim} + {q}] = {a};")
-        w.close()
-        w("__syncwarp();")
-        w("#pragma unroll")
-        w.open(f"for (int r = 0; r < {dim}; ++r)")
-        w("const int q = r * 32 + lane;")
-        w(f"if ({guard}q < nrows * {dim}) {put(out, f'dst_{role} + c * {WARP * dim} + q', 'obuf[q]', add)}")
-        w.close()
-        w("__syncwarp();")
+        emit_chunk_flush(w, schedule, names, guard, lambda v: put(out, f"dst_{role} + c * {WARP * dim} + q", v, add))
     if reset:
         w(" ".join(f"{a} = T(0);" for a in names))
     w.close()

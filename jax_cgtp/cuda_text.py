@@ -43,6 +43,35 @@ def put(out, address: str, value: str, add: bool = False) -> str:
     return f"cgtp_{out.flush}({address}, {value}{fresh});"
 
 
+def emit_chunk_flush(w: Writer, schedule: KernelSchedule, values: list[str], guard: str, flush) -> None:
+    """Flush a chunk of 32 rows of ``len(values)`` components, lane L holding row L's in ``values``,
+    as that many warp-wide runs of 32 consecutive elements (the chunk's elements are row-major, e3nn's
+    mul_ir layout): ``flush(value)`` is the statement that writes ``value`` to element ``q`` of the
+    chunk, for ``q`` below ``nrows`` rows and ``guard`` (a condition followed by ``&&``, or "").
+    The rows are transposed by warp shuffles (``cgtp_transpose_rows``) or through the warp's
+    buffer ``obuf`` (:attr:`KernelSchedule.shuffle_transpose`)."""
+    d = len(values)
+    w.open("")
+    if schedule.shuffle_transpose:
+        w(f"T v[{d}] = {{{', '.join(values)}}};")
+        w(f"cgtp_transpose_rows<{d}>(v);")
+        value = "v[r]"
+    else:
+        w.open("if (active)")
+        for q, a in enumerate(values):
+            w(f"obuf[lane * {d} + {q}] = {a};")
+        w.close()
+        w("__syncwarp();")
+        value = "obuf[q]"
+    w("#pragma unroll")
+    w.open(f"for (int r = 0; r < {d}; ++r)")
+    w("const int q = r * 32 + lane;")
+    w(f"if ({guard}q < nrows * {d}) {flush(value)}")
+    w.close()
+    w("__syncwarp();")
+    w.close()
+
+
 def row_of(schedule: KernelSchedule, role: str) -> str:
     kind = schedule.call.kind(role)
     return {BATCHED: "e", INDEXED: f"ix_{role}", SHARED: "0"}[kind]

@@ -116,6 +116,12 @@ MERGED_BACKWARD_WALK_X_COMPONENTS = {8: 4}
 # x̄ rows by src changed by -4% to +2% and keep it
 # (benchmarks/results/nvidia-h100-80gb-hbm3/lane-writes/).
 LANE_WRITES = ("own",)  # z flushes written lane by lane
+# Output chunks transposed in registers by warp shuffles (``cgtp_transpose_rows``: d shuffles and
+# d log2 d selects per chunk of d components) instead of through the warp's shared buffer (d stores,
+# a barrier, d loads): the product forward's profile spends 9.6 of its 29 cycles per issued
+# instruction on shared-memory stalls (MIO throttle, short scoreboard) that cuEq's does not have
+# (benchmarks/results/nvidia-h200/fwd-profile/).
+SHUFFLE_TRANSPOSE = False
 # The product's joint passes hold the edge's y components in registers when it has at most this
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs
 # (H100). With l <= 5 (36 components) they pushed its backward from 168 to 255 registers, spilled.
@@ -568,6 +574,8 @@ class KernelSchedule:
     # a walk over sorted runs that walks at most this many edges of each run (0: all); the launches
     # after it add the rest (``beyond_cap``: OWNED_RUN_CAP; ``chunk_walk``, ``chunk_sum``: RUN_CHUNK)
     run_cap: int = 0
+    # output chunks transposed by warp shuffles, not through ``obuf`` (SHUFFLE_TRANSPOSE)
+    shuffle_transpose: bool = False
     # a launch over a walk's sorted edges that adds those at this rank or later in their run (in the
     # walked role's order) to the outputs the capped walk wrote: its outputs start as those (0: none)
     beyond_cap: int = 0
@@ -1037,7 +1045,8 @@ def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool, ahead: int,
                 if dim > 1 and (role == "x" and not ahead or backward):
                     stage[role] = max(stage.get(role, 0), WARP * stage_width(dim))
             out_dims = ([x_dim] if backward else []) + ([p.z_dim] if "z" in outputs and not z_lane_writes else [])
-            transpose = max([transpose] + [WARP * d for d in out_dims if d > 1])
+            if not SHUFFLE_TRANSPOSE:
+                transpose = max([transpose] + [WARP * d for d in out_dims if d > 1])
     if backward and joint.walk:  # the z̄ chunks of all of a walked group's paths at once
         for members in joint.walked_blocks:
             paths = [p for *_, group in members for p in group]
@@ -1391,7 +1400,7 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
                     if f.staged:
                         row = f.strides[0] if f.role == "w" else f.dim
                         stage[f.role] = max(stage.get(f.role, 0), WARP * stage_width(row))
-        transpose = max(
+        transpose = 0 if SHUFFLE_TRANSPOSE else max(
             (WARP * s.dim for s in slots if s.mode == "output" and s.role != "w" and s.dim > 1),
             default=0,
         )
@@ -1431,6 +1440,7 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
             ahead=ahead,
             ahead_copy_bytes=AHEAD_COPY_BYTES if ahead else 0,
             min_blocks=_min_blocks(joint, lockstep, registers_ahead),
+            shuffle_transpose=SHUFFLE_TRANSPOSE,
         )
         kernel = _fit_shared_memory(kernel)
         if edges is not None and joint is None and stream is None:

@@ -601,7 +601,7 @@ def _emit_flush(w: Writer, schedule: KernelSchedule, slot: Slot, row: str) -> No
     elif slot.dim == 1:
         w(f"if (active) {put(out, 'dst + lc', 'acc_0')}")
     else:
-        emit_chunk_flush(w, schedule, accs, "", lambda v: put(out, f"dst + c * {WARP * slot.dim} + q", v))
+        emit_chunk_flush(w, out, accs, "", lambda v: put(out, f"dst + c * {WARP * slot.dim} + q", v))
     w(" ".join(f"{a} = T(0);" for a in accs))
 
 

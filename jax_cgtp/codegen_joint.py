@@ -1021,7 +1021,7 @@ def _emit_joint_flush(w: Writer, schedule: KernelSchedule, role: str, offset: in
             w(put(out, f"dst_{role} + lc * {dim} + {q}", a, add))
         w.close()
     else:
-        emit_chunk_flush(w, schedule, names, guard, lambda v: put(out, f"dst_{role} + c * {WARP * dim} + q", v, add))
+        emit_chunk_flush(w, out, names, guard, lambda v: put(out, f"dst_{role} + c * {WARP * dim} + q", v, add))
     if reset:
         w(" ".join(f"{a} = T(0);" for a in names))
     w.close()

@@ -43,16 +43,16 @@ def put(out, address: str, value: str, add: bool = False) -> str:
     return f"cgtp_{out.flush}({address}, {value}{fresh});"
 
 
-def emit_chunk_flush(w: Writer, schedule: KernelSchedule, values: list[str], guard: str, flush) -> None:
-    """Flush a chunk of 32 rows of ``len(values)`` components, lane L holding row L's in ``values``,
-    as that many warp-wide runs of 32 consecutive elements (the chunk's elements are row-major, e3nn's
-    mul_ir layout): ``flush(value)`` is the statement that writes ``value`` to element ``q`` of the
-    chunk, for ``q`` below ``nrows`` rows and ``guard`` (a condition followed by ``&&``, or "").
-    The rows are transposed by warp shuffles (``cgtp_transpose_rows``) or through the warp's
-    buffer ``obuf`` (:attr:`KernelSchedule.shuffle_transpose`)."""
+def emit_chunk_flush(w: Writer, out, values: list[str], guard: str, flush) -> None:
+    """Flush a chunk of 32 rows of ``len(values)`` components of output ``out`` (a KernelOutput),
+    lane L holding row L's in ``values``, as that many warp-wide runs of 32 consecutive elements
+    (the chunk's elements are row-major, e3nn's mul_ir layout): ``flush(value)`` is the statement
+    that writes ``value`` to element ``q`` of the chunk, for ``q`` below ``nrows`` rows and
+    ``guard`` (a condition followed by ``&&``, or ""). The rows are transposed by warp shuffles
+    (``cgtp_transpose_rows``, :attr:`KernelOutput.shuffled`) or through the warp's buffer ``obuf``."""
     d = len(values)
     w.open("")
-    if schedule.shuffle_transpose:
+    if out.shuffled:
         w(f"T v[{d}] = {{{', '.join(values)}}};")
         w(f"cgtp_transpose_rows<{d}>(v);")
         value = "v[r]"
@@ -68,7 +68,8 @@ def emit_chunk_flush(w: Writer, schedule: KernelSchedule, values: list[str], gua
     w("const int q = r * 32 + lane;")
     w(f"if ({guard}q < nrows * {d}) {flush(value)}")
     w.close()
-    w("__syncwarp();")
+    if not out.shuffled:
+        w("__syncwarp();")
     w.close()
 
 

@@ -116,12 +116,12 @@ MERGED_BACKWARD_WALK_X_COMPONENTS = {8: 4}
 # x̄ rows by src changed by -4% to +2% and keep it
 # (benchmarks/results/nvidia-h100-80gb-hbm3/lane-writes/).
 LANE_WRITES = ("own",)  # z flushes written lane by lane
-# Output chunks transposed in registers by warp shuffles (``cgtp_transpose_rows``: d shuffles and
-# d log2 d selects per chunk of d components) instead of through the warp's shared buffer (d stores,
-# a barrier, d loads): the product forward's profile spends 9.6 of its 29 cycles per issued
-# instruction on shared-memory stalls (MIO throttle, short scoreboard) that cuEq's does not have
-# (benchmarks/results/nvidia-h200/fwd-profile/).
-SHUFFLE_TRANSPOSE = False
+# The flushes whose output chunks are transposed in registers by warp shuffles
+# (``cgtp_transpose_rows``: d shuffles and d log2 d selects per chunk of d components) instead of
+# through the warp's shared buffer (d stores, a barrier, d loads): the product forward's profile
+# spends 9.6 of its 29 cycles per issued instruction on shared-memory stalls (MIO throttle, short
+# scoreboard) that cuEq's does not have (benchmarks/results/nvidia-h200/fwd-profile/).
+SHUFFLE_TRANSPOSE: tuple[str, ...] = ()
 # The product's joint passes hold the edge's y components in registers when it has at most this
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs
 # (H100). With l <= 5 (36 components) they pushed its backward from 168 to 255 registers, spilled.
@@ -442,6 +442,17 @@ class KernelOutput:
         deterministic forward by destination (see :data:`LANE_WRITES`)."""
         return self.role == "z" and self.flush in LANE_WRITES
 
+    @property
+    def shuffled(self) -> bool:
+        """Whether its chunks are transposed by warp shuffles, not through the warp's buffer
+        (see :data:`SHUFFLE_TRANSPOSE`)."""
+        return self.flush in SHUFFLE_TRANSPOSE
+
+    @property
+    def buffered(self) -> bool:
+        """Whether its chunks of rows wider than one pass through the warp's transposition buffer."""
+        return not self.lane_writes and not self.shuffled
+
 
 @dataclasses.dataclass(frozen=True)
 class JointPath:
@@ -574,8 +585,6 @@ class KernelSchedule:
     # a walk over sorted runs that walks at most this many edges of each run (0: all); the launches
     # after it add the rest (``beyond_cap``: OWNED_RUN_CAP; ``chunk_walk``, ``chunk_sum``: RUN_CHUNK)
     run_cap: int = 0
-    # output chunks transposed by warp shuffles, not through ``obuf`` (SHUFFLE_TRANSPOSE)
-    shuffle_transpose: bool = False
     # a launch over a walk's sorted edges that adds those at this rank or later in their run (in the
     # walked role's order) to the outputs the capped walk wrote: its outputs start as those (0: none)
     beyond_cap: int = 0
@@ -1027,10 +1036,10 @@ def _merged_backward_walk(joint: JointPass, buffers, itemsize: int) -> JointPass
 
 
 def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool, ahead: int,
-                   z_lane_writes: bool) -> tuple[dict[str, int], int, int]:
+                   buffered: frozenset[str]) -> tuple[dict[str, int], int, int]:
     """Shared-memory elements per warp of a joint pass: the staged x (and, backward, z̄) chunks,
     the tile's y rows (``stage_y``: a by-destination pass reading per-edge y), the transposition
-    buffer of the outputs written by lanes (x̄, and z unless ``z_lane_writes``), the ȳ rows of the tile that a
+    buffer of the outputs whose roles are ``buffered`` (:attr:`KernelOutput.buffered`), the ȳ rows of the tile that a
     by-destination backward sums chunk by chunk, and a forward walk's look-ahead ring of
     ``ahead + 1`` slots (``ahead`` > 0), which stages its x rows in place of ``stage_x``."""
     outputs = dict(joint.outputs)
@@ -1044,9 +1053,8 @@ def _joint_buffers(joint: JointPass, y_dim: int, stage_y: bool, ahead: int,
             for role, dim in (("x", p.x_dim), ("z", p.z_dim)):
                 if dim > 1 and (role == "x" and not ahead or backward):
                     stage[role] = max(stage.get(role, 0), WARP * stage_width(dim))
-            out_dims = ([x_dim] if backward else []) + ([p.z_dim] if "z" in outputs and not z_lane_writes else [])
-            if not SHUFFLE_TRANSPOSE:
-                transpose = max([transpose] + [WARP * d for d in out_dims if d > 1])
+            out_dims = ([x_dim] if "x" in buffered else []) + ([p.z_dim] if "z" in buffered else [])
+            transpose = max([transpose] + [WARP * d for d in out_dims if d > 1])
     if backward and joint.walk:  # the z̄ chunks of all of a walked group's paths at once
         for members in joint.walked_blocks:
             paths = [p for *_, group in members for p in group]
@@ -1400,8 +1408,9 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
                     if f.staged:
                         row = f.strides[0] if f.role == "w" else f.dim
                         stage[f.role] = max(stage.get(f.role, 0), WARP * stage_width(row))
-        transpose = 0 if SHUFFLE_TRANSPOSE else max(
-            (WARP * s.dim for s in slots if s.mode == "output" and s.role != "w" and s.dim > 1),
+        transpose = max(
+            (WARP * s.dim for s in slots
+             if s.mode == "output" and s.role != "w" and s.dim > 1 and outputs[s.output].buffered),
             default=0,
         )
         edge_sums = 0
@@ -1416,9 +1425,9 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
             joint = dataclasses.replace(joint, walk_groups=_walk_groups(joint, limit))
         if joint is not None:
             stage_y = joint.walk and bool(joint.reads("y")) and call.kind("y") == BATCHED
-            z_lane_writes = any(o.lane_writes for o in outputs)
+            buffered = frozenset(o.role for o in outputs if o.buffered and o.role in dict(joint.outputs))
             buffers = functools.partial(_joint_buffers, y_dim=call.problem.operand_dim("y"), stage_y=stage_y,
-                                        ahead=ahead, z_lane_writes=z_lane_writes)
+                                        ahead=ahead, buffered=buffered)
             if joint.by_destination and not forward_walk and not lockstep:
                 joint = _merged_backward_walk(joint, buffers, itemsize)
             stage, transpose, edge_sums = buffers(joint)
@@ -1440,7 +1449,6 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
             ahead=ahead,
             ahead_copy_bytes=AHEAD_COPY_BYTES if ahead else 0,
             min_blocks=_min_blocks(joint, lockstep, registers_ahead),
-            shuffle_transpose=SHUFFLE_TRANSPOSE,
         )
         kernel = _fit_shared_memory(kernel)
         if edges is not None and joint is None and stream is None:

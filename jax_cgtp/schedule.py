@@ -450,7 +450,7 @@ class KernelOutput:
 
     @property
     def buffered(self) -> bool:
-        """Whether its chunks of rows wider than one pass through the warp's transposition buffer."""
+        """Whether a joint pass's chunks of it pass through the warp's transposition buffer."""
         return not self.lane_writes and not self.shuffled
 
 
@@ -1410,7 +1410,7 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
                         stage[f.role] = max(stage.get(f.role, 0), WARP * stage_width(row))
         transpose = max(
             (WARP * s.dim for s in slots
-             if s.mode == "output" and s.role != "w" and s.dim > 1 and outputs[s.output].buffered),
+             if s.mode == "output" and s.role != "w" and s.dim > 1 and not outputs[s.output].shuffled),
             default=0,
         )
         edge_sums = 0

@@ -111,6 +111,36 @@ def test_convolution_matches_reference(deterministic, seed):
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
+@pytest.mark.parametrize("call", ["product", "atomic", "deterministic"])
+def test_chunks_transposed_by_shuffles_match_reference(call, planned_with):
+    """Every flush's chunks transposed by warp shuffles (``schedule.SHUFFLE_TRANSPOSE``), not through
+    the warp's shared buffer: the product's and the convolution's members in float64, on blocks that
+    end in a partial 32-channel chunk (rows of 1, 3, 5 and 7 components)."""
+    planned_with(SHUFFLE_TRANSPOSE=("store", "own", "red", "atomic", "slice", "tile"))
+    spec = (e3nn.Irreps("5x0e+3x1o+7x2e"), e3nn.Irreps("1x0e+1x1o+1x2e"), e3nn.Irreps("5x2e+3x1o+7x2e+7x1o+7x3o"),
+            [(0, 2, 0, "uvu", True), (1, 0, 1, "uvu", True), (2, 0, 2, "uvu", True), (2, 1, 3, "uvu", True),
+             (2, 1, 4, "uvu", True)], {})
+    before = _launches()
+    if call == "product":
+        kernels, reference = pair(spec, kernels="auto")
+        x, y, w = random_inputs(jax.random.PRNGKey(40), spec, (37,), kernels.weight_numel, jnp.float64, False)
+        g = jax.random.normal(jax.random.PRNGKey(41), (37, kernels.irreps_out.dim), jnp.float64)
+        actual = jax.jit(functools.partial(members, kernels))(x, y, w, g)
+        expected = jax.jit(functools.partial(members, reference))(x, y, w, g)
+    else:
+        kernels, reference = pair(spec, jax_cgtp.TensorProductConv, kernels="auto",
+                                  deterministic=call == "deterministic")
+        args = random_graph(jax.random.PRNGKey(42), kernels, 9, 60, jnp.float64, bad_fraction=0.1)
+        actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
+        expected = jax.jit(functools.partial(conv_members, reference, 9))(*args)
+    launched = kernel_emulator.launched()[before:]
+    assert launched and all(k.transpose_size == 0 for k in launched)
+    calls = [re.findall(r"cgtp_transpose_rows<(\d+)>\(v\)", codegen.generate(k)) for k in launched]
+    z_only = set() if call == "deterministic" else {"7"}  # that forward writes z lane by lane (LANE_WRITES)
+    assert {"3", "5"} | z_only <= {d for found in calls for d in found}
+    assert_close(actual, expected, jnp.float64)
+
+
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_joint_passes_of_the_convolution_sum_shared_weights_in_partial_rows(deterministic, planned_with):
     """With weights shared by every edge, the convolution's joint backward passes (the fused backward,

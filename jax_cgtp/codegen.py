@@ -330,7 +330,8 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
     if schedule.tiling == "segments" and not schedule.chunk_walk:
         _emit_outside_zeros(w, schedule)
     if groups > 1:
-        w(f"// {groups} warps share each tile, each running its group of slots")
+        w(f"// {groups} warps share each tile, each running its group of " + (
+            "32-channel chunks" if schedule.chunk_warps else "slots"))
         w(f"const int group = (int)(warp % {groups});")
         w(f"const long long walker = warp / {groups};")
         w(f"const long long num_walkers = num_warps / {groups};")

@@ -62,7 +62,7 @@ def emit_joint(w: Writer, schedule: KernelSchedule) -> None:
         for n, (_, dim) in enumerate(joint.y_blocks):
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
     for x_offset, mul, dim, paths in joint.blocks:
-        _open_joint_chunks(w, [(x_offset, mul, dim, paths)])
+        _open_joint_chunks(w, [(x_offset, mul, dim, paths)], schedule.chunk_warps)
         if forward:  # measured: the forward gains, the backward loses
             w("const int lane = cgtp_lane();  // read here, so that the chunk's addresses are not held across edges")
         w("const bool live = ok && active;")
@@ -99,15 +99,17 @@ def _emit_joint_rows(w: Writer, schedule: KernelSchedule, roles=("x", "y", "w", 
               f"{problem.operand_dim(role)}LL;  // {role} row")
 
 
-def _open_joint_chunks(w: Writer, members) -> None:
+def _open_joint_chunks(w: Writer, members, chunk_warps: int = 0) -> None:
     """Open the loop over the 32-channel chunks of the x blocks ``members`` (``(x offset, mul, dim,
-    paths)``, all of one ``mul``; lanes over ``u``)."""
+    paths)``, all of one ``mul``; lanes over ``u``): every chunk, or with ``chunk_warps`` those of
+    the warp's ``group`` (chunks group, group + chunk_warps, ...)."""
     for x_offset, mul, dim, paths in members:
         w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
           f"[{', '.join(str(p.ins_index) for p in paths)}]")
     mul = members[0][1]
     w("#pragma unroll 1")
-    w.open(f"for (int c = 0; c < {-(-mul // WARP)}; ++c)")
+    first, step = ("group", f"c += {chunk_warps}") if chunk_warps else ("0", "++c")
+    w.open(f"for (int c = {first}; c < {-(-mul // WARP)}; {step})")
     emit_chunk_lanes(w, mul)
 
 

@@ -122,6 +122,13 @@ LANE_WRITES = ("own",)  # z flushes written lane by lane
 # spends 9.6 of its 29 cycles per issued instruction on shared-memory stalls (MIO throttle, short
 # scoreboard) that cuEq's does not have (benchmarks/results/nvidia-h200/fwd-profile/).
 SHUFFLE_TRANSPOSE: tuple[str, ...] = ()
+# The product's forward pass hands each tile of edges to a group of warps, warp g running the
+# chunks g, g + CHUNK_WARPS, ... of every x block, instead of a warp per tile running all of them:
+# the group then writes a path's z block (up to 4 chunks) together. Copy kernels with mace-l2-c128's
+# bytes and write order took 1.96 ms with four warps per edge against 2.11 ms with one (the
+# product forward's own time), and 1.88 ms writing each row in address order
+# (benchmarks/results/nvidia-h200/write-order/). 0: a warp per tile.
+CHUNK_WARPS = 0
 # The product's joint passes hold the edge's y components in registers when it has at most this
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs
 # (H100). With l <= 5 (36 components) they pushed its backward from 168 to 255 registers, spilled.
@@ -585,6 +592,9 @@ class KernelSchedule:
     # a walk over sorted runs that walks at most this many edges of each run (0: all); the launches
     # after it add the rest (``beyond_cap``: OWNED_RUN_CAP; ``chunk_walk``, ``chunk_sum``: RUN_CHUNK)
     run_cap: int = 0
+    # the warps sharing each tile of a product forward, warp g running chunks g, g + chunk_warps, ...
+    # of every x block (CHUNK_WARPS); 0: a warp per tile
+    chunk_warps: int = 0
     # a launch over a walk's sorted edges that adds those at this rank or later in their run (in the
     # walked role's order) to the outputs the capped walk wrote: its outputs start as those (0: none)
     beyond_cap: int = 0
@@ -660,7 +670,7 @@ class KernelSchedule:
 
     @property
     def num_groups(self) -> int:
-        return max(1, len(self.groups))
+        return max(1, len(self.groups), self.chunk_warps)
 
     @property
     def kept(self) -> tuple[int, ...]:
@@ -1456,10 +1466,23 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
             groups = slot_groups(kernel.slots, kernel.tiles(edges, segments), kernel.max_blocks * kernel.warps_per_block,
                                  itemsize)
             kernel = dataclasses.replace(kernel, groups=groups)
+        if joint is not None and not joint.walk and dict(joint.outputs).keys() == {"z"} \
+                and all(o.kind == BATCHED for o in outputs):
+            kernel = dataclasses.replace(kernel, chunk_warps=_chunk_warps(joint, kernel.warps_per_block))
         if FILL_GRID and joint is not None and joint.by_destination and kernel.tiling == "tiles":
             kernel = dataclasses.replace(kernel, fill=True)
         schedules.append(kernel)
     return schedules
+
+
+def _chunk_warps(joint: JointPass, warps_per_block: int) -> int:
+    """The warps that share a product forward's tile (CHUNK_WARPS, at most the x blocks' largest
+    number of chunks, and dividing the block's warps so that a group lies in one block)."""
+    chunks = max(-(-mul // WARP) for _, mul, _, _ in joint.blocks)
+    warps = min(CHUNK_WARPS, chunks, warps_per_block)
+    while warps > 1 and warps_per_block % warps:
+        warps -= 1
+    return warps if warps > 1 else 0
 
 
 def owned_forward_is_faster(call: Call, dtype: str, index_dtype: str, edges: int) -> bool:

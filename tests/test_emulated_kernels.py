@@ -141,6 +141,23 @@ def test_chunks_transposed_by_shuffles_match_reference(call, planned_with):
     assert_close(actual, expected, jnp.float64)
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_forward_tiles_shared_by_chunk_warps_match_reference(shared, planned_with):
+    """Four warps per tile of the product's forward (``schedule.CHUNK_WARPS``), each running every
+    fourth 32-channel chunk: x blocks of 150 channels (five chunks: warp 0 runs two, the last
+    partial), 40 (two: two warps idle) and 5 (one), on 37 edges, per-edge or shared weights."""
+    planned_with(CHUNK_WARPS=4)
+    spec = (e3nn.Irreps("150x0e+40x1o+5x2e"), e3nn.Irreps("1x0e+1x1o+1x2e"), e3nn.Irreps("150x1o+40x1o+5x2e+5x0e"),
+            [(0, 1, 0, "uvu", True), (1, 0, 1, "uvu", True), (2, 0, 2, "uvu", True), (2, 2, 3, "uvu", True)], {})
+    kernels, reference = pair(spec, kernels="auto")
+    x, y, w = random_inputs(jax.random.PRNGKey(43), spec, (37,), kernels.weight_numel, jnp.float64, shared)
+    before = _launches()
+    actual = jax.jit(kernels)(x, y, w)
+    [launch] = kernel_emulator.launched()[before:]
+    assert launch.chunk_warps == 4 and launch.num_groups == 4
+    assert_close(actual, jax.jit(reference)(x, y, w), jnp.float64)
+
+
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_joint_passes_of_the_convolution_sum_shared_weights_in_partial_rows(deterministic, planned_with):
     """With weights shared by every edge, the convolution's joint backward passes (the fused backward,

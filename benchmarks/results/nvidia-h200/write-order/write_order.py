@@ -6,11 +6,15 @@ pieces spread across the whole 54 KB row. cuEq's kernel writes it with one 768-t
 edge. This script times copy-like kernels (cupy, float32, 100,000 edges) with the same bytes.
 Only the write order and the edge-to-thread mapping differ:
 
-  ours        warp per edge, the generated kernel's order (x block, chunk, path);
-  row         warp per edge, the row in address order;
-  block-row   768-thread block per edge, the row in address order;
-  ours+reads  as ours, also reading the edge's w (3,072) and x (1,152) rows, as the kernel does;
-  row+reads   as row, with the same reads (w and x, in address order).
+  ours          warp per edge, the generated kernel's order (x block, chunk, path);
+  ours-sorted   warp per edge, path by path in address order, each path's four chunks in turn;
+  chunk-warps   four warps per edge (a 128-thread block), warp c writing chunk c of every path in
+                the kernel's order, so that a path's four chunks (its whole block) are written together;
+  chunk-sorted  as chunk-warps, the paths in address order;
+  row           warp per edge, the row in address order, 32 elements at a time;
+  block-row     768-thread block per edge, the row in address order;
+  +reads        also reading the edge's w (3,072) and x (1,152) rows as the kernel does: each
+                path's chunk of weights and its x block's chunk (row: w and x in address order).
 
 Bandwidth = bytes written (+ read) / median time of 30 runs after 3 warm-ups.
 """
@@ -31,19 +35,54 @@ BLOCKS = [(0, 1, [(0, 1), (384, 3), (3072, 5), (8192, 7)]),
 CHUNKS = 4
 
 
-def _ours(reads: bool) -> str:
-    lines, path = [], 0
-    for xoff, dx, paths in BLOCKS:
+def _paths(by_address: bool):
+    """``(path, x offset, x dim, z offset, z dim)`` in the kernel's order or by z offset."""
+    paths, n = [], 0
+    for xoff, dx, block in BLOCKS:
+        for off, d in block:
+            paths.append((n, xoff, dx, off, d))
+            n += 1
+    return sorted(paths, key=lambda p: p[3]) if by_address else paths
+
+
+def _chunk_path(path, reads: bool, chunk: str) -> list[str]:
+    """One path's 32-channel chunk ``chunk``: its w (and x) chunk read, its z chunk written."""
+    n, xoff, dx, off, d = path
+    lines = []
+    if reads:
+        xs = " + ".join(f"x[e * {X_ROW}LL + {xoff} + ({chunk} * 32 + lane) * {dx} + {k}]" for k in range(dx))
+        value = f"(w[e * {W_ROW}LL + {n * 128} + {chunk} * 32 + lane] * ({xs}))"
+    else:
+        value = "1.0f"
+    lines.append(f"{{ const float v = {value};")
+    lines.append(f"  for (int r = 0; r < {d}; ++r) z[e * {ROW}LL + {off} + {chunk} * {32 * d} + r * 32 + lane] = v + r; }}")
+    return lines
+
+
+def _ours(reads: bool, by_address: bool = False) -> str:
+    """A warp per edge: by x block, chunk and path (the kernel's order), or path by path in the
+    row's address order, each path's four chunks in turn."""
+    lines = []
+    if by_address:
+        for path in _paths(True):
+            lines.append("for (int c = 0; c < 4; ++c) {")
+            lines += _chunk_path(path, reads, "c")
+            lines.append("}")
+        return "\n".join(lines)
+    for xoff, _, _ in BLOCKS:
         lines.append("for (int c = 0; c < 4; ++c) {")
-        if reads:
-            lines += [f"float x{k} = x[e * {X_ROW}LL + {xoff} + (c * 32 + lane) * {dx} + {k}];" for k in range(dx)]
-            xs = " + ".join(f"x{k}" for k in range(dx))
-        for off, d in paths:
-            value = f"(w[e * {W_ROW}LL + {path * 128} + c * 32 + lane] * ({xs}))" if reads else "1.0f"
-            lines.append(f"{{ const float v = {value};")
-            lines.append(f"  for (int r = 0; r < {d}; ++r) z[e * {ROW}LL + {off} + c * {32 * d} + r * 32 + lane] = v + r; }}")
-            path += 1
+        for path in _paths(False):
+            if path[1] == xoff:
+                lines += _chunk_path(path, reads, "c")
         lines.append("}")
+    return "\n".join(lines)
+
+
+def _chunk_warps(reads: bool, by_address: bool) -> str:
+    """Four warps per edge, warp c writing chunk c of every path (in the kernel's or the address order)."""
+    lines = []
+    for path in _paths(by_address):
+        lines += _chunk_path(path, reads, "c")
     return "\n".join(lines)
 
 
@@ -57,11 +96,14 @@ def _row(reads: bool) -> str:
     return "\n".join(lines)
 
 
-def _warp_kernel(name: str, body: str) -> cp.RawKernel:
+def _warp_kernel(name: str, body: str, chunk_warps: bool = False) -> cp.RawKernel:
+    """``body`` run by a warp per edge or, with ``chunk_warps``, by a block of four warps per edge (``c`` the warp's chunk)."""
+    edge = "blockIdx.x" if chunk_warps else "((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5"
     source = f"""
 extern "C" __global__ void {name}(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ z) {{
-  const long long e = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const long long e = {edge};
   const int lane = threadIdx.x & 31;
+  const int c = threadIdx.x >> 5;
   if (e >= {EDGES}) return;
   {body}
 }}"""
@@ -95,18 +137,26 @@ def main() -> None:
     z = cp.empty((EDGES, ROW), dtype=cp.float32)
     warps = ((EDGES * 32 + 127) // 128,), (128,)
     write, read = EDGES * ROW * 4, EDGES * (W_ROW + X_ROW) * 4
+    per_edge = (EDGES,), (128,)
     cases = [
         ("ours", _warp_kernel("ours", _ours(False)), warps, write),
+        ("ours-sorted", _warp_kernel("ours_sorted", _ours(False, True)), warps, write),
+        ("chunk-warps", _warp_kernel("chunks", _chunk_warps(False, False), True), per_edge, write),
+        ("chunk-sorted", _warp_kernel("chunks_sorted", _chunk_warps(False, True), True), per_edge, write),
         ("row", _warp_kernel("row", _row(False)), warps, write),
         ("block-row", BLOCK_ROW, ((EDGES,), (768,)), write),
         ("ours+reads", _warp_kernel("ours_reads", _ours(True)), warps, write + read),
+        ("ours-sorted+reads", _warp_kernel("ours_sorted_reads", _ours(True, True)), warps, write + read),
+        ("chunk-warps+reads", _warp_kernel("chunks_reads", _chunk_warps(True, False), True), per_edge, write + read),
+        ("chunk-sorted+reads", _warp_kernel("chunks_sorted_reads", _chunk_warps(True, True), True), per_edge,
+         write + read),
         ("row+reads", _warp_kernel("row_reads", _row(True)), warps, write + read),
     ]
     print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, {EDGES} edges, float32")
-    print(f"{'case':12s} {'ms':>8s} {'GB':>7s} {'TB/s':>6s}")
+    print(f"{'case':20s} {'ms':>8s} {'GB':>7s} {'TB/s':>6s}")
     for name, kernel, (grid, block), nbytes in cases:
         ms = _time(lambda: kernel(grid, block, (x, w, z)))
-        print(f"{name:12s} {ms:8.3f} {nbytes / 1e9:7.2f} {nbytes / ms / 1e9:6.2f}")
+        print(f"{name:20s} {ms:8.3f} {nbytes / 1e9:7.2f} {nbytes / ms / 1e9:6.2f}")
     sys.stdout.flush()
 
 

@@ -127,8 +127,12 @@ SHUFFLE_TRANSPOSE: tuple[str, ...] = ()
 # the group then writes a path's z block (up to 4 chunks) together. Copy kernels with mace-l2-c128's
 # bytes and write order took 1.96 ms with four warps per edge against 2.11 ms with one (the
 # product forward's own time), and 1.88 ms writing each row in address order
-# (benchmarks/results/nvidia-h200/write-order/). 0: a warp per tile.
-CHUNK_WARPS = 0
+# (benchmarks/results/nvidia-h200/write-order/). The forward with four warps against one (H200, same
+# process): 0.913-0.921x the time on the float32 rows of mace-l2-c128, mace-large, mace-medium and
+# nequip-revmd17-benzene, 0.943-0.973x on mace-l2-c128's, mace-medium's and mace-large's float64;
+# two warps gained less (0.915-0.989x). Blocks of 32 channels (one chunk) keep a warp per tile.
+# 0: a warp per tile.
+CHUNK_WARPS = 4
 # The product's joint passes hold the edge's y components in registers when it has at most this
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs
 # (H100). With l <= 5 (36 components) they pushed its backward from 168 to 255 registers, spilled.

@@ -61,6 +61,15 @@ def whole_chunks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     return _same_problem_pair(tp, cls, kernels, options)
 
 
+def uneven_chunks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
+    """150x0e+40x1o+5x2e over 0e+1o+2e: x blocks of five 32-channel chunks (the last partial), two
+    and one, for the warps that split a tile's chunks (``schedule.CHUNK_WARPS``). On the kernels'
+    backend and on the reference."""
+    instructions = [(0, 1, 0, "uvu", True), (1, 0, 1, "uvu", True), (2, 0, 2, "uvu", True), (2, 2, 3, "uvu", True)]
+    return pair(("150x0e+40x1o+5x2e", "0e+1o+2e", "150x1o+40x1o+5x2e+5x0e", instructions, {}), cls, kernels,
+                **options)
+
+
 def interleaved_whole_chunks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     """32x0e+32x1o over 0e+1o+2e whose x block 0 has its paths at instructions 0, 1 and 3, so that
     their weights lie at 0, 32 and 96 (unevenly spaced); every chunk is whole. On the kernels'

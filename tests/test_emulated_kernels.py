@@ -17,8 +17,8 @@ import pytest
 from family_members import (assert_close, conv_members, conv_second_derivatives, equal_mul_blocks_pair,
                             fully_connected_pair, grouping_index, high_l_pair, in_float64,
                             interleaved_whole_chunks_pair, members, pair, random_graph, second_derivatives,
-                            spherical_harmonics_pair, squared_norm_and_gradients, whole_chunks_pair, wide_block_pair,
-                            with_sorted_graph)
+                            spherical_harmonics_pair, squared_norm_and_gradients, uneven_chunks_pair, whole_chunks_pair,
+                            wide_block_pair, with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -144,13 +144,14 @@ def test_chunks_transposed_by_shuffles_match_reference(call, planned_with):
 @pytest.mark.parametrize("shared", [False, True])
 def test_forward_tiles_shared_by_chunk_warps_match_reference(shared, planned_with):
     """Four warps per tile of the product's forward (``schedule.CHUNK_WARPS``), each running every
-    fourth 32-channel chunk: x blocks of 150 channels (five chunks: warp 0 runs two, the last
-    partial), 40 (two: two warps idle) and 5 (one), on 37 edges, per-edge or shared weights."""
+    fourth 32-channel chunk: x blocks of five chunks (warp 0 runs two, the last partial), two (two
+    warps idle) and one, on 37 edges, per-edge or shared weights."""
     planned_with(CHUNK_WARPS=4)
-    spec = (e3nn.Irreps("150x0e+40x1o+5x2e"), e3nn.Irreps("1x0e+1x1o+1x2e"), e3nn.Irreps("150x1o+40x1o+5x2e+5x0e"),
-            [(0, 1, 0, "uvu", True), (1, 0, 1, "uvu", True), (2, 0, 2, "uvu", True), (2, 2, 3, "uvu", True)], {})
-    kernels, reference = pair(spec, kernels="auto")
-    x, y, w = random_inputs(jax.random.PRNGKey(43), spec, (37,), kernels.weight_numel, jnp.float64, shared)
+    kernels, reference = uneven_chunks_pair(kernels="auto")
+    shape = (37, kernels.weight_numel) if not shared else (kernels.weight_numel,)
+    keys = jax.random.split(jax.random.PRNGKey(43), 3)
+    x, y, w = (jax.random.normal(k, s, jnp.float64) for k, s in zip(
+        keys, ((37, kernels.irreps_in1.dim), (37, kernels.irreps_in2.dim), shape)))
     before = _launches()
     actual = jax.jit(kernels)(x, y, w)
     [launch] = kernel_emulator.launched()[before:]

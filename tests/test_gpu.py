@@ -17,7 +17,7 @@ from family_members import (OWNED_FORWARD_RULE, assert_close, conv_members, conv
                             equal_mul_blocks_pair, fully_connected_pair, grouping_index, high_l_pair, in_float64,
                             interleaved_whole_chunks_pair, long_code_pair, members, pair, random_graph,
                             relative_error, second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients,
-                            whole_chunks_pair, wide_block_pair, with_sorted_graph)
+                            uneven_chunks_pair, whole_chunks_pair, wide_block_pair, with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
 import data_parallel
@@ -162,6 +162,23 @@ def test_joint_passes_and_weight_streams_match_reference(pairing, dtype):
     keys = jax.random.split(jax.random.PRNGKey(42), 4)
     x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
         keys, (cuda.irreps_in1.dim, cuda.irreps_in2.dim, cuda.weight_numel, cuda.irreps_out.dim)))
+    expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))
+    assert_close(jax.jit(functools.partial(members, cuda))(x, y, w, g), expected, dtype)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_forward_tiles_shared_by_chunk_warps_match_reference(dtype, shared):
+    """The product's forward with four warps per tile, each running every fourth 32-channel chunk
+    (``schedule.CHUNK_WARPS``): x blocks of five chunks, two and one; 1001 edges, per-edge or
+    shared weights; every family member."""
+    cuda, reference = uneven_chunks_pair()
+    keys = jax.random.split(jax.random.PRNGKey(44), 4)
+    x, y, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
+        keys, (cuda.irreps_in1.dim, cuda.irreps_in2.dim, cuda.irreps_out.dim)))
+    w = jax.random.normal(keys[3], (cuda.weight_numel,) if shared else (1001, cuda.weight_numel), dtype)
+    [forward] = planned_kernels(cuda, x, y, w)
+    assert forward.chunk_warps == 4
     expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))
     assert_close(jax.jit(functools.partial(members, cuda))(x, y, w, g), expected, dtype)
 

@@ -21,7 +21,8 @@ import pathlib
 from .operands import BATCHED, INDEXED, SHARED
 from .codegen_joint import emit_joint
 from .codegen_stream import emit_stream
-from .cuda_text import Writer, emit_chunk_flush, emit_chunk_lanes, emit_edge_header, literal, owned_end, put, row_of, tile_value
+from .cuda_text import (Writer, emit_chunk_flush, emit_chunk_lanes, emit_edge_header, literal, owned_end, put, row_of,
+                        tile_value)
 from .schedule import WARP, Contribution, Factor, KernelSchedule, Slot, slot_chunks, stage_width
 
 _HEADER = "cgtp_device.cuh"
@@ -330,8 +331,8 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
     if schedule.tiling == "segments" and not schedule.chunk_walk:
         _emit_outside_zeros(w, schedule)
     if groups > 1:
-        w(f"// {groups} warps share each tile, each running its group of " + (
-            "32-channel chunks" if schedule.chunk_warps else "slots"))
+        share = "32-channel chunks" if schedule.chunk_warps else "paths" if schedule.path_groups else "slots"
+        w(f"// {groups} warps share each tile, each running its group of {share}")
         w(f"const int group = (int)(warp % {groups});")
         w(f"const long long walker = warp / {groups};")
         w(f"const long long num_walkers = num_warps / {groups};")

@@ -12,8 +12,8 @@ from it. :mod:`jax_cgtp.codegen` writes the kernel around it.
 from __future__ import annotations
 
 from .operands import BATCHED, INDEXED, SHARED
-from .cuda_text import (Writer, edge_ok, emit_chunk_flush, emit_chunk_lanes, emit_edge_header, emit_transposed_sum, lane_row,
-                        literal, owned_end, put, rounded, row_of, signed_sum, signed_term, tile_value)
+from .cuda_text import (Writer, edge_ok, emit_chunk_flush, emit_chunk_lanes, emit_edge_header, emit_transposed_sum,
+                        lane_row, literal, owned_end, put, rounded, row_of, signed_sum, signed_term, tile_value)
 from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, JointPath, KernelSchedule, ahead_slot,
                        stage_width)
 
@@ -61,8 +61,13 @@ def emit_joint(w: Writer, schedule: KernelSchedule) -> None:
     if "y" in outs:
         for n, (_, dim) in enumerate(joint.y_blocks):
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
-    for x_offset, mul, dim, paths in joint.blocks:
-        _open_joint_chunks(w, [(x_offset, mul, dim, paths)], schedule.chunk_warps)
+    chunks = schedule.chunk_warps
+    parted = schedule.path_warps > 1 and chunks  # group = part * chunks + chunk group
+    for x_offset, mul, dim, paths, part in _group_blocks(schedule):
+        if part is not None:
+            w(f"// part {part} of the paths: these paths of the block")
+            w.open(f"if ({f'group / {chunks}' if chunks else 'group'} == {part})")
+        _open_joint_chunks(w, [(x_offset, mul, dim, paths)], chunks, f"group % {chunks}" if parted else "group")
         if forward:  # measured: the forward gains, the backward loses
             w("const int lane = cgtp_lane();  // read here, so that the chunk's addresses are not held across edges")
         w("const bool live = ok && active;")
@@ -82,11 +87,26 @@ def emit_joint(w: Writer, schedule: KernelSchedule) -> None:
         if "x" in outs:
             _emit_joint_flush(w, schedule, "x", x_offset, dim)
         w.close()
+        if part is not None:
+            w.close()
     if "y" in outs:
         out = schedule.outputs[outs["y"]]
         lo, values = _y_sum_values(joint, range(len(joint.y_blocks)))
         emit_transposed_sum(w, values, f"out{outs['y']}[e * {out.dim}LL + {lo} + ", "]", "=")
     w.close()
+
+
+def _group_blocks(schedule: KernelSchedule):
+    """``(x offset, mul, dim, paths, part)`` of each x block of a joint pass, ``part`` None; or, with
+    its paths in parts (``path_groups``), one per block and part that has some of its paths, with
+    those paths."""
+    blocks = schedule.joint.blocks
+    if not schedule.path_groups:
+        return [(*block, None) for block in blocks]
+    owners = iter(schedule.path_groups)
+    owned = [(block, [next(owners) for _ in block[3]]) for block in blocks]
+    return [(x_offset, mul, dim, [p for p, o in zip(paths, owner) if o == part], part)
+            for (x_offset, mul, dim, paths), owner in owned for part in sorted(set(owner))]
 
 
 def _emit_joint_rows(w: Writer, schedule: KernelSchedule, roles=("x", "y", "w", "z")) -> None:
@@ -99,16 +119,16 @@ def _emit_joint_rows(w: Writer, schedule: KernelSchedule, roles=("x", "y", "w", 
               f"{problem.operand_dim(role)}LL;  // {role} row")
 
 
-def _open_joint_chunks(w: Writer, members, chunk_warps: int = 0) -> None:
+def _open_joint_chunks(w: Writer, members, chunk_warps: int = 0, chunk_group: str = "group") -> None:
     """Open the loop over the 32-channel chunks of the x blocks ``members`` (``(x offset, mul, dim,
     paths)``, all of one ``mul``; lanes over ``u``): every chunk, or with ``chunk_warps`` those of
-    the warp's ``group`` (chunks group, group + chunk_warps, ...)."""
+    the warp's (chunks g, g + chunk_warps, ... for g = ``chunk_group``)."""
     for x_offset, mul, dim, paths in members:
         w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
           f"[{', '.join(str(p.ins_index) for p in paths)}]")
     mul = members[0][1]
     w("#pragma unroll 1")
-    first, step = ("group", f"c += {chunk_warps}") if chunk_warps else ("0", "++c")
+    first, step = (chunk_group, f"c += {chunk_warps}") if chunk_warps else ("0", "++c")
     w.open(f"for (int c = {first}; c < {-(-mul // WARP)}; {step})")
     emit_chunk_lanes(w, mul)
 

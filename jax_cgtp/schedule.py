@@ -133,6 +133,14 @@ SHUFFLE_TRANSPOSE: tuple[str, ...] = ()
 # two warps gained less (0.915-0.989x). Blocks of 32 channels (one chunk) keep a warp per tile.
 # 0: a warp per tile.
 CHUNK_WARPS = 4
+# A product forward's tile is shared further among PATH_WARPS parts of its paths (balanced by the
+# bytes they move: a z block and a weight per channel): warp g runs the chunks of CHUNK_WARPS
+# (g mod the chunk warps) of the paths of part g / the chunk warps, so that more warps write the
+# edge's row together (one chunk per block: the paths alone). The group's warps share a block,
+# which grows to hold them (at most MAX_TILE_GROUP). In the copy kernels of write-order/, a
+# 768-thread block per edge wrote 9% faster than four warps per edge. 0: no parts. Not measured yet.
+PATH_WARPS = 0
+MAX_TILE_GROUP = 16
 # The product's joint passes hold the edge's y components in registers when it has at most this
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs
 # (H100). With l <= 5 (36 components) they pushed its backward from 168 to 255 registers, spilled.
@@ -599,6 +607,9 @@ class KernelSchedule:
     # the warps sharing each tile of a product forward, warp g running chunks g, g + chunk_warps, ...
     # of every x block (CHUNK_WARPS); 0: a warp per tile
     chunk_warps: int = 0
+    # the part (PATH_WARPS) of a product forward's paths that each path belongs to, in the order of
+    # ``joint.blocks``: warp g of the tile's group runs part g / max(chunk_warps, 1); empty: one part
+    path_groups: tuple[int, ...] = ()
     # a launch over a walk's sorted edges that adds those at this rank or later in their run (in the
     # walked role's order) to the outputs the capped walk wrote: its outputs start as those (0: none)
     beyond_cap: int = 0
@@ -674,7 +685,12 @@ class KernelSchedule:
 
     @property
     def num_groups(self) -> int:
-        return max(1, len(self.groups), self.chunk_warps)
+        return max(1, len(self.groups), max(self.chunk_warps, 1) * self.path_warps)
+
+    @property
+    def path_warps(self) -> int:
+        """The parts into which ``path_groups`` splits a product forward's paths (1: none)."""
+        return max(1, len(set(self.path_groups)))
 
     @property
     def kept(self) -> tuple[int, ...]:
@@ -1472,21 +1488,40 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
             kernel = dataclasses.replace(kernel, groups=groups)
         if joint is not None and not joint.walk and dict(joint.outputs).keys() == {"z"} \
                 and all(o.kind == BATCHED for o in outputs):
-            kernel = dataclasses.replace(kernel, chunk_warps=_chunk_warps(joint, kernel.warps_per_block))
+            kernel = _tile_group(kernel)
         if FILL_GRID and joint is not None and joint.by_destination and kernel.tiling == "tiles":
             kernel = dataclasses.replace(kernel, fill=True)
         schedules.append(kernel)
     return schedules
 
 
-def _chunk_warps(joint: JointPass, warps_per_block: int) -> int:
-    """The warps that share a product forward's tile (CHUNK_WARPS, at most the x blocks' largest
-    number of chunks, and dividing the block's warps so that a group lies in one block)."""
-    chunks = max(-(-mul // WARP) for _, mul, _, _ in joint.blocks)
-    warps = min(CHUNK_WARPS, chunks, warps_per_block)
-    while warps > 1 and warps_per_block % warps:
-        warps -= 1
-    return warps if warps > 1 else 0
+def _tile_group(kernel: KernelSchedule) -> KernelSchedule:
+    """A product forward's tile shared among the warps of a group: its x blocks' chunks (CHUNK_WARPS,
+    at most their largest number of chunks) and parts of its paths (PATH_WARPS, at most one per path),
+    a power of two of at most MAX_TILE_GROUP warps in all, in blocks that hold whole groups."""
+    joint = kernel.joint
+    chunks = _power_of_two_below(min(CHUNK_WARPS, max(-(-mul // WARP) for _, mul, _, _ in joint.blocks)))
+    paths = [p for *_, block in joint.blocks for p in block]
+    parts = _power_of_two_below(min(PATH_WARPS, len(paths), MAX_TILE_GROUP // chunks))
+    group = chunks * parts
+    if group < 2:
+        return kernel
+    load = [0] * parts
+    owner = [0] * len(paths)
+    for n in sorted(range(len(paths)), key=lambda n: -paths[n].z_dim):  # most bytes first, to the lightest part
+        owner[n] = min(range(parts), key=lambda g: load[g])
+        load[owner[n]] += paths[n].z_dim + 1
+    warps = max(kernel.warps_per_block, group)
+    warps = warps if warps % group == 0 else group
+    if _warps_in_block_shared(kernel.smem_per_warp * kernel.itemsize, warps) < warps:
+        return kernel
+    return dataclasses.replace(kernel, chunk_warps=chunks if chunks > 1 else 0,
+                               path_groups=tuple(owner) if parts > 1 else (), warps_per_block=warps)
+
+
+def _power_of_two_below(n: int) -> int:
+    """The largest power of two not above ``n`` (1 for ``n`` below 2)."""
+    return 1 << max(0, n.bit_length() - 1)
 
 
 def owned_forward_is_faster(call: Call, dtype: str, index_dtype: str, edges: int) -> bool:

@@ -70,6 +70,14 @@ def uneven_chunks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
                 **options)
 
 
+def narrow_blocks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
+    """32x0e+20x1o+7x2e over 0e+1o+2e: x blocks of one 32-channel chunk each (whole, partial), whose
+    paths the warps of a tile can share (``schedule.PATH_WARPS``). On the kernels' backend and on the
+    reference."""
+    tp = jax_cgtp.channelwise_tensor_product("32x0e+20x1o+7x2e", "0e+1o+2e", filter_ir_out="0e+1o+2e")
+    return _same_problem_pair(tp, cls, kernels, options)
+
+
 def interleaved_whole_chunks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     """32x0e+32x1o over 0e+1o+2e whose x block 0 has its paths at instructions 0, 1 and 3, so that
     their weights lie at 0, 32 and 96 (unevenly spaced); every chunk is whole. On the kernels'

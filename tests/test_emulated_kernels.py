@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from family_members import (assert_close, conv_members, conv_second_derivatives, equal_mul_blocks_pair,
                             fully_connected_pair, grouping_index, high_l_pair, in_float64,
-                            interleaved_whole_chunks_pair, members, pair, random_graph, second_derivatives,
+                            interleaved_whole_chunks_pair, members, narrow_blocks_pair, pair, random_graph,
+                            second_derivatives,
                             spherical_harmonics_pair, squared_norm_and_gradients, uneven_chunks_pair, whole_chunks_pair,
                             wide_block_pair, with_sorted_graph)
 from random_problems import random_inputs, random_problem
@@ -139,6 +140,24 @@ def test_chunks_transposed_by_shuffles_match_reference(call, planned_with):
     z_only = set() if call == "deterministic" else {"7"}  # that forward writes z lane by lane (LANE_WRITES)
     assert {"3", "5"} | z_only <= {d for found in calls for d in found}
     assert_close(actual, expected, jnp.float64)
+
+
+@pytest.mark.parametrize("make_pair, parts, group", [(narrow_blocks_pair, 2, 2), (narrow_blocks_pair, 4, 4),
+                                                     (uneven_chunks_pair, 2, 8), (uneven_chunks_pair, 4, 16)])
+def test_forward_tiles_shared_by_path_warps_match_reference(make_pair, parts, group, planned_with):
+    """The paths of the product's forward in parts (``schedule.PATH_WARPS``), each run by its warps
+    of the tile's group: x blocks of one chunk each (the paths alone), or of up to five chunks, four
+    warps per part splitting them (groups of 8 and 16 warps, in blocks that hold them); 37 edges."""
+    planned_with(PATH_WARPS=parts)
+    kernels, reference = make_pair(kernels="auto")
+    keys = jax.random.split(jax.random.PRNGKey(45), 3)
+    x, y, w = (jax.random.normal(k, (37, d), jnp.float64) for k, d in zip(
+        keys, (kernels.irreps_in1.dim, kernels.irreps_in2.dim, kernels.weight_numel)))
+    before = _launches()
+    actual = jax.jit(kernels)(x, y, w)
+    [launch] = kernel_emulator.launched()[before:]
+    assert launch.num_groups == group and launch.path_warps == parts and launch.warps_per_block % group == 0
+    assert_close(actual, jax.jit(reference)(x, y, w), jnp.float64)
 
 
 @pytest.mark.parametrize("shared", [False, True])

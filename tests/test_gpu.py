@@ -15,9 +15,10 @@ import pytest
 from jax.test_util import check_grads
 from family_members import (OWNED_FORWARD_RULE, assert_close, conv_members, conv_second_derivatives,
                             equal_mul_blocks_pair, fully_connected_pair, grouping_index, high_l_pair, in_float64,
-                            interleaved_whole_chunks_pair, long_code_pair, members, pair, random_graph,
-                            relative_error, second_derivatives, spherical_harmonics_pair, squared_norm_and_gradients,
-                            uneven_chunks_pair, whole_chunks_pair, wide_block_pair, with_sorted_graph)
+                            interleaved_whole_chunks_pair, long_code_pair, members, narrow_blocks_pair, pair,
+                            random_graph, relative_error, second_derivatives, spherical_harmonics_pair,
+                            squared_norm_and_gradients, uneven_chunks_pair, whole_chunks_pair, wide_block_pair,
+                            with_sorted_graph)
 from random_problems import random_inputs, random_problem
 
 import data_parallel
@@ -179,6 +180,23 @@ def test_forward_tiles_shared_by_chunk_warps_match_reference(dtype, shared):
     w = jax.random.normal(keys[3], (cuda.weight_numel,) if shared else (1001, cuda.weight_numel), dtype)
     [forward] = planned_kernels(cuda, x, y, w)
     assert forward.chunk_warps == 4
+    expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))
+    assert_close(jax.jit(functools.partial(members, cuda))(x, y, w, g), expected, dtype)
+
+
+@pytest.mark.parametrize("make_pair, parts, group", [(narrow_blocks_pair, 4, 4), (uneven_chunks_pair, 2, 8)])
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_forward_tiles_shared_by_path_warps_match_reference(dtype, make_pair, parts, group, planned_with):
+    """The product's forward with its paths in parts (``schedule.PATH_WARPS``), each run by its warps
+    of the tile's group: four parts of x blocks of one chunk each, or two parts of four warps that
+    split blocks of up to five chunks; 1001 edges; every family member."""
+    planned_with(PATH_WARPS=parts)
+    cuda, reference = make_pair()
+    keys = jax.random.split(jax.random.PRNGKey(46), 4)
+    x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
+        keys, (cuda.irreps_in1.dim, cuda.irreps_in2.dim, cuda.weight_numel, cuda.irreps_out.dim)))
+    [forward] = planned_kernels(cuda, x, y, w)
+    assert forward.num_groups == group and forward.path_warps == parts
     expected = jax.jit(functools.partial(members, reference))(*(a.astype(jnp.float64) for a in (x, y, w, g)))
     assert_close(jax.jit(functools.partial(members, cuda))(x, y, w, g), expected, dtype)
 

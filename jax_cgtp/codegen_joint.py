@@ -479,7 +479,7 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
         dim = members[0][2]
         paths = _members_paths(members)
         _emit_group_barrier(w, schedule)
-        _open_joint_chunks(w, members)
+        _open_joint_chunks(w, members, schedule.chunk_warps)
         accumulators = _declare_z_chunks(w, paths) if held else [None] * len(paths)
         if tracked:
             w("long long cur = -1;")

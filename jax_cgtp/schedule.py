@@ -141,6 +141,12 @@ CHUNK_WARPS = 4
 # 768-thread block per edge wrote 9% faster than four warps per edge. 0: no parts. Not measured yet.
 PATH_WARPS = 0
 MAX_TILE_GROUP = 16
+# A convolution forward that walks destination runs a warp per run (z rows owned) shares each run
+# among WALK_CHUNK_WARPS warps of a block instead, each running every WALK_CHUNK_WARPS-th chunk, as
+# CHUNK_WARPS does for the product: the group reads an edge's weight row and gathered x row
+# together. The runs of a group are one run, so its warps end together. 0: a warp per run. Not
+# measured yet.
+WALK_CHUNK_WARPS = 0
 # The product's joint passes hold the edge's y components in registers when it has at most this
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs
 # (H100). With l <= 5 (36 components) they pushed its backward from 168 to 255 registers, spilled.
@@ -604,8 +610,8 @@ class KernelSchedule:
     # a walk over sorted runs that walks at most this many edges of each run (0: all); the launches
     # after it add the rest (``beyond_cap``: OWNED_RUN_CAP; ``chunk_walk``, ``chunk_sum``: RUN_CHUNK)
     run_cap: int = 0
-    # the warps sharing each tile of a product forward, warp g running chunks g, g + chunk_warps, ...
-    # of every x block (CHUNK_WARPS); 0: a warp per tile
+    # the warps sharing each tile of a product forward (CHUNK_WARPS) or run of a forward walk
+    # (WALK_CHUNK_WARPS), warp g running chunks g, g + chunk_warps, ... of every x block; 0: a warp each
     chunk_warps: int = 0
     # the part (PATH_WARPS) of a product forward's paths that each path belongs to, in the order of
     # ``joint.blocks``: warp g of the tile's group runs part g / max(chunk_warps, 1); empty: one part
@@ -1340,18 +1346,18 @@ def _chunked(kernel: KernelSchedule, chunk: int) -> list[KernelSchedule]:
     one, and row ``j`` is that chunk's. A SHARED output (the deterministic backward's w̄ of shared
     weights) gets partial rows of the chunk walk's own, which the caller adds to the walk's."""
     owned = tuple(out for out in kernel.outputs if out.flush == "own")
-    walk = dataclasses.replace(kernel, lockstep=False, warps_per_block=1, chunk_walk=chunk)
+    walk = dataclasses.replace(kernel, lockstep=False, warps_per_block=1, chunk_walk=chunk, chunk_warps=0)
     total = _row_sum(kernel, outputs=owned, chunk_sum=chunk)
     return [dataclasses.replace(kernel, run_cap=chunk), walk, total]
 
 
 def _row_sum(kernel: KernelSchedule, **sum_fields) -> KernelSchedule:
     """``kernel``'s call and outputs as a launch that sums rows a walk left (``sum_fields``: which,
-    e.g. ``chunk_sum``): no slots, staging, joint pass, weight stream, ring or lockstep, and
-    WARPS_PER_BLOCK warps per block."""
+    e.g. ``chunk_sum``): no slots, staging, joint pass, weight stream, ring, lockstep or tile group,
+    and WARPS_PER_BLOCK warps per block."""
     return dataclasses.replace(kernel, slots=(), stage_sizes=(), transpose_size=0, joint=None, stream=None,
                                edge_sums_size=0, lockstep=False, ahead=0, ahead_copy_bytes=0, min_blocks=0,
-                               warps_per_block=WARPS_PER_BLOCK, **sum_fields)
+                               chunk_warps=0, path_groups=(), warps_per_block=WARPS_PER_BLOCK, **sum_fields)
 
 
 def _chunkable(kernel: KernelSchedule) -> bool:
@@ -1488,21 +1494,24 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
             kernel = dataclasses.replace(kernel, groups=groups)
         if joint is not None and not joint.walk and dict(joint.outputs).keys() == {"z"} \
                 and all(o.kind == BATCHED for o in outputs):
-            kernel = _tile_group(kernel)
+            kernel = _tile_group(kernel, CHUNK_WARPS, PATH_WARPS)
+        elif forward_walk and own_runs and not lockstep:
+            kernel = _tile_group(kernel, WALK_CHUNK_WARPS, 0)
         if FILL_GRID and joint is not None and joint.by_destination and kernel.tiling == "tiles":
             kernel = dataclasses.replace(kernel, fill=True)
         schedules.append(kernel)
     return schedules
 
 
-def _tile_group(kernel: KernelSchedule) -> KernelSchedule:
-    """A product forward's tile shared among the warps of a group: its x blocks' chunks (CHUNK_WARPS,
-    at most their largest number of chunks) and parts of its paths (PATH_WARPS, at most one per path),
-    a power of two of at most MAX_TILE_GROUP warps in all, in blocks that hold whole groups."""
+def _tile_group(kernel: KernelSchedule, chunk_warps: int, path_warps: int) -> KernelSchedule:
+    """A forward's tile (or run) shared among the warps of a group: its x blocks' chunks (at most
+    ``chunk_warps``, and their largest number of chunks) and parts of its paths (at most ``path_warps``,
+    and one per path), a power of two of at most MAX_TILE_GROUP warps in all, in blocks that hold
+    whole groups."""
     joint = kernel.joint
-    chunks = _power_of_two_below(min(CHUNK_WARPS, max(-(-mul // WARP) for _, mul, _, _ in joint.blocks)))
+    chunks = _power_of_two_below(min(chunk_warps, max(-(-mul // WARP) for _, mul, _, _ in joint.blocks)))
     paths = [p for *_, block in joint.blocks for p in block]
-    parts = _power_of_two_below(min(PATH_WARPS, len(paths), MAX_TILE_GROUP // chunks))
+    parts = _power_of_two_below(min(path_warps, len(paths), MAX_TILE_GROUP // chunks))
     group = chunks * parts
     if group < 2:
         return kernel

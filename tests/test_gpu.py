@@ -476,6 +476,20 @@ def test_convolution_forward_walks_blocks_of_one_mul_together(dtype, sorted_by_d
         _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_convolution_forward_walks_share_runs_among_chunk_warps(dtype, deterministic, planned_with):
+    """The forward walking destination runs with four warps per run (``schedule.WALK_CHUNK_WARPS``),
+    each running every fourth chunk of x blocks of five, two and one chunks; 300 nodes, 5000 edges;
+    every member."""
+    planned_with(WALK_CHUNK_WARPS=4)
+    cuda, reference = uneven_chunks_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
+    args = random_graph(jax.random.PRNGKey(67), cuda, 300, 5000, dtype, bad_fraction=0.05)
+    walks = [k for k in planned_kernels(functools.partial(cuda, num_nodes=300), *args) if k.chunk_warps]
+    assert walks and all(k.chunk_warps == 4 and k.tiling == "segments" for k in walks)
+    _assert_conv_members_match(cuda, reference, 300, args, dtype)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("shared", [False, True])
 def test_deterministic_backward_in_slices_matches_reference(dtype, shared, planned_with):

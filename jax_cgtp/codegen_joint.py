@@ -62,12 +62,9 @@ def emit_joint(w: Writer, schedule: KernelSchedule) -> None:
         for n, (_, dim) in enumerate(joint.y_blocks):
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
     chunks = schedule.chunk_warps
-    parted = schedule.path_warps > 1 and chunks  # group = part * chunks + chunk group
-    for x_offset, mul, dim, paths, part in _group_blocks(schedule):
-        if part is not None:
-            w(f"// part {part} of the paths: these paths of the block")
-            w.open(f"if ({f'group / {chunks}' if chunks else 'group'} == {part})")
-        _open_joint_chunks(w, [(x_offset, mul, dim, paths)], chunks, f"group % {chunks}" if parted else "group")
+    for part, [(x_offset, mul, dim, paths)] in (p for block in joint.blocks for p in _parts(schedule, [block])):
+        _open_part(w, schedule, part)
+        _open_joint_chunks(w, [(x_offset, mul, dim, paths)], chunks, _chunk_group(schedule))
         if forward:  # measured: the forward gains, the backward loses
             w("const int lane = cgtp_lane();  // read here, so that the chunk's addresses are not held across edges")
         w("const bool live = ok && active;")
@@ -96,17 +93,33 @@ def emit_joint(w: Writer, schedule: KernelSchedule) -> None:
     w.close()
 
 
-def _group_blocks(schedule: KernelSchedule):
-    """``(x offset, mul, dim, paths, part)`` of each x block of a joint pass, ``part`` None; or, with
-    its paths in parts (``path_groups``), one per block and part that has some of its paths, with
-    those paths."""
-    blocks = schedule.joint.blocks
+def _parts(schedule: KernelSchedule, members) -> list:
+    """The x blocks ``members`` (``(x offset, mul, dim, paths)``) as ``[(part, members)]``: one entry,
+    part None, when the paths are not in parts (``path_groups``); else one per part that has some of
+    their paths, with those paths (and without the blocks that have none)."""
     if not schedule.path_groups:
-        return [(*block, None) for block in blocks]
-    owners = iter(schedule.path_groups)
-    owned = [(block, [next(owners) for _ in block[3]]) for block in blocks]
-    return [(x_offset, mul, dim, [p for p, o in zip(paths, owner) if o == part], part)
-            for (x_offset, mul, dim, paths), owner in owned for part in sorted(set(owner))]
+        return [(None, members)]
+    order = [p.ins_index for *_, paths in schedule.joint.blocks for p in paths]
+    owner = dict(zip(order, schedule.path_groups))
+    parts = []
+    for part in sorted({owner[p.ins_index] for p in _members_paths(members)}):
+        mine = [(x_offset, mul, dim, tuple(p for p in paths if owner[p.ins_index] == part))
+                for x_offset, mul, dim, paths in members]
+        parts.append((part, [block for block in mine if block[3]]))
+    return parts
+
+
+def _chunk_group(schedule: KernelSchedule) -> str:
+    """The warp's first chunk: its place among the tile group's chunk warps (group = part * chunk warps + it)."""
+    return f"group % {schedule.chunk_warps}" if schedule.path_warps > 1 and schedule.chunk_warps else "group"
+
+
+def _open_part(w: Writer, schedule: KernelSchedule, part: int | None) -> None:
+    """Open the section of the tile group's warps that run part ``part`` of the paths (None: all run all)."""
+    if part is not None:
+        chunks = schedule.chunk_warps
+        w(f"// part {part} of the paths")
+        w.open(f"if ({f'group / {chunks}' if chunks else 'group'} == {part})")
 
 
 def _emit_joint_rows(w: Writer, schedule: KernelSchedule, roles=("x", "y", "w", "z")) -> None:
@@ -475,11 +488,12 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
     y_values = _staged_y(schedule)
     if y_values:
         _emit_tile_y(w, schedule)
-    for members in joint.walked_blocks:
+    for part, members in (p for blocks in joint.walked_blocks for p in _parts(schedule, blocks)):
         dim = members[0][2]
         paths = _members_paths(members)
         _emit_group_barrier(w, schedule)
-        _open_joint_chunks(w, members, schedule.chunk_warps)
+        _open_part(w, schedule, part)
+        _open_joint_chunks(w, members, schedule.chunk_warps, _chunk_group(schedule))
         accumulators = _declare_z_chunks(w, paths) if held else [None] * len(paths)
         if tracked:
             w("long long cur = -1;")
@@ -534,6 +548,8 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
             _emit_z_flush(w, schedule, paths, accumulators, row)
             w.close()
         w.close()
+        if part is not None:
+            w.close()
 
 
 def _declare_z_chunks(w: Writer, paths) -> list[list[str]]:

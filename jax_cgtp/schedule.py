@@ -147,6 +147,10 @@ MAX_TILE_GROUP = 16
 # together. The runs of a group are one run, so its warps end together. 0: a warp per run. Not
 # measured yet.
 WALK_CHUNK_WARPS = 0
+# ... and among WALK_PATH_WARPS parts of its paths, as PATH_WARPS does for the product (for blocks of
+# 32 channels, the paths alone): each warp holds the z chunks of its part's paths. 0: no parts. Not
+# measured yet.
+WALK_PATH_WARPS = 0
 # The product's joint passes hold the edge's y components in registers when it has at most this
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs
 # (H100). With l <= 5 (36 components) they pushed its backward from 168 to 255 registers, spilled.
@@ -613,8 +617,8 @@ class KernelSchedule:
     # the warps sharing each tile of a product forward (CHUNK_WARPS) or run of a forward walk
     # (WALK_CHUNK_WARPS), warp g running chunks g, g + chunk_warps, ... of every x block; 0: a warp each
     chunk_warps: int = 0
-    # the part (PATH_WARPS) of a product forward's paths that each path belongs to, in the order of
-    # ``joint.blocks``: warp g of the tile's group runs part g / max(chunk_warps, 1); empty: one part
+    # the part (PATH_WARPS, WALK_PATH_WARPS) of a forward's paths that each path belongs to, in the order
+    # of ``joint.blocks``: warp g of the tile's group runs part g / max(chunk_warps, 1); empty: one part
     path_groups: tuple[int, ...] = ()
     # a launch over a walk's sorted edges that adds those at this rank or later in their run (in the
     # walked role's order) to the outputs the capped walk wrote: its outputs start as those (0: none)
@@ -1346,7 +1350,8 @@ def _chunked(kernel: KernelSchedule, chunk: int) -> list[KernelSchedule]:
     one, and row ``j`` is that chunk's. A SHARED output (the deterministic backward's w̄ of shared
     weights) gets partial rows of the chunk walk's own, which the caller adds to the walk's."""
     owned = tuple(out for out in kernel.outputs if out.flush == "own")
-    walk = dataclasses.replace(kernel, lockstep=False, warps_per_block=1, chunk_walk=chunk, chunk_warps=0)
+    walk = dataclasses.replace(kernel, lockstep=False, warps_per_block=1, chunk_walk=chunk, chunk_warps=0,
+                               path_groups=())
     total = _row_sum(kernel, outputs=owned, chunk_sum=chunk)
     return [dataclasses.replace(kernel, run_cap=chunk), walk, total]
 
@@ -1496,7 +1501,7 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
                 and all(o.kind == BATCHED for o in outputs):
             kernel = _tile_group(kernel, CHUNK_WARPS, PATH_WARPS)
         elif forward_walk and own_runs and not lockstep:
-            kernel = _tile_group(kernel, WALK_CHUNK_WARPS, 0)
+            kernel = _tile_group(kernel, WALK_CHUNK_WARPS, WALK_PATH_WARPS)
         if FILL_GRID and joint is not None and joint.by_destination and kernel.tiling == "tiles":
             kernel = dataclasses.replace(kernel, fill=True)
         schedules.append(kernel)

@@ -160,20 +160,26 @@ def test_forward_tiles_shared_by_path_warps_match_reference(make_pair, parts, gr
     assert_close(actual, jax.jit(reference)(x, y, w), jnp.float64)
 
 
+@pytest.mark.parametrize("make_pair, parts, group, chunk_loop", [
+    (uneven_chunks_pair, 0, 4, "for (int c = group; c < 5; c += 4)"),
+    (uneven_chunks_pair, 2, 8, "for (int c = group % 4; c < 5; c += 4)"),
+    (narrow_blocks_pair, 4, 4, "for (int c = 0; c < 1; ++c)")])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_forward_walks_share_runs_among_chunk_warps(deterministic, planned_with):
-    """The convolution's forward walking destination runs with four warps per run
-    (``schedule.WALK_CHUNK_WARPS``), each running every fourth chunk of x blocks of five, two and one
-    chunks; every convolution member matches the reference (runs of up to 4 edges: the deterministic
-    walk's chunks of ``RUN_CHUNK=4`` take a warp each)."""
-    planned_with(WALK_CHUNK_WARPS=4, RUN_CHUNK=4)
-    kernels, reference = uneven_chunks_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
+def test_forward_walks_share_runs_among_chunk_warps(deterministic, make_pair, parts, group, chunk_loop, planned_with):
+    """The convolution's forward walking destination runs with a group of warps per run
+    (``schedule.WALK_CHUNK_WARPS``, ``WALK_PATH_WARPS``): four warps each running every fourth chunk
+    of x blocks of five, two and one chunks, in one part or two of the paths; or four parts of the
+    paths of blocks of one chunk. Every convolution member matches the reference (runs of up to 4
+    edges: the deterministic walk's chunks of ``RUN_CHUNK=4`` take a warp each)."""
+    planned_with(WALK_CHUNK_WARPS=4, WALK_PATH_WARPS=parts, RUN_CHUNK=4)
+    kernels, reference = make_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(47), kernels, 9, 60, jnp.float64, bad_fraction=0.1)
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
-    walks = [k for k in kernel_emulator.launched()[before:] if k.chunk_warps]
-    assert walks and all(k.chunk_warps == 4 and k.tiling == "segments" and k.warps_per_block == 4 for k in walks)
-    assert all("for (int c = group; c < 5; c += 4)" in codegen.generate(k) for k in walks)  # a chunk per warp
+    walks = [k for k in kernel_emulator.launched()[before:] if k.num_groups > 1 and k.joint is not None]
+    assert walks and all(k.num_groups == group and k.tiling == "segments" and k.warps_per_block == group
+                         and k.path_warps == max(parts, 1) for k in walks)
+    assert all(chunk_loop in codegen.generate(k) for k in walks)  # which chunks a warp runs
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 

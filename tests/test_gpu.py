@@ -476,17 +476,22 @@ def test_convolution_forward_walks_blocks_of_one_mul_together(dtype, sorted_by_d
         _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 
+@pytest.mark.parametrize("make_pair, parts, group", [(uneven_chunks_pair, 0, 4), (uneven_chunks_pair, 2, 8),
+                                                     (narrow_blocks_pair, 4, 4)])
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_convolution_forward_walks_share_runs_among_chunk_warps(dtype, deterministic, planned_with):
-    """The forward walking destination runs with four warps per run (``schedule.WALK_CHUNK_WARPS``),
-    each running every fourth chunk of x blocks of five, two and one chunks; 300 nodes, 5000 edges;
-    every member."""
-    planned_with(WALK_CHUNK_WARPS=4)
-    cuda, reference = uneven_chunks_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
+def test_convolution_forward_walks_share_runs_among_chunk_warps(dtype, deterministic, make_pair, parts, group,
+                                                                 planned_with):
+    """The forward walking destination runs with a group of warps per run (``schedule.WALK_CHUNK_WARPS``,
+    ``WALK_PATH_WARPS``): four warps each running every fourth chunk of x blocks of five, two and one
+    chunks, in one part or two of the paths; or four parts of the paths of blocks of one chunk; 300
+    nodes, 5000 edges; every member."""
+    planned_with(WALK_CHUNK_WARPS=4, WALK_PATH_WARPS=parts)
+    cuda, reference = make_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(67), cuda, 300, 5000, dtype, bad_fraction=0.05)
-    walks = [k for k in planned_kernels(functools.partial(cuda, num_nodes=300), *args) if k.chunk_warps]
-    assert walks and all(k.chunk_warps == 4 and k.tiling == "segments" for k in walks)
+    walks = [k for k in planned_kernels(functools.partial(cuda, num_nodes=300), *args)
+             if k.num_groups > 1 and k.joint is not None]
+    assert walks and all(k.num_groups == group and k.tiling == "segments" for k in walks)
     _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 

@@ -187,8 +187,9 @@ def test_forward_walks_share_runs_among_chunk_warps(deterministic, make_pair, pa
 def test_forward_tiles_shared_by_chunk_warps_match_reference(shared, planned_with):
     """Four warps per tile of the product's forward (``schedule.CHUNK_WARPS``), each running every
     fourth 32-channel chunk: x blocks of five chunks (warp 0 runs two, the last partial), two (two
-    warps idle) and one, on 37 edges, per-edge or shared weights."""
-    planned_with(CHUNK_WARPS=4)
+    warps idle) and one, on 37 edges, per-edge or shared weights; a grid of two blocks, so that each
+    group walks many tiles."""
+    planned_with(CHUNK_WARPS=4, MAX_BLOCKS=2)
     kernels, reference = uneven_chunks_pair(kernels="auto")
     shape = (37, kernels.weight_numel) if not shared else (kernels.weight_numel,)
     keys = jax.random.split(jax.random.PRNGKey(43), 3)
@@ -197,7 +198,7 @@ def test_forward_tiles_shared_by_chunk_warps_match_reference(shared, planned_wit
     before = _launches()
     actual = jax.jit(kernels)(x, y, w)
     [launch] = kernel_emulator.launched()[before:]
-    assert launch.chunk_warps == 4 and launch.num_groups == 4
+    assert launch.chunk_warps == 4 and launch.num_groups == 4 and launch.grid(37, 0) == 2
     assert_close(actual, jax.jit(reference)(x, y, w), jnp.float64)
 
 

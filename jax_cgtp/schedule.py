@@ -129,8 +129,8 @@ SHUFFLE_TRANSPOSE: tuple[str, ...] = ()
 # product forward's own time), and 1.88 ms writing each row in address order
 # (benchmarks/results/nvidia-h200/write-order/). The forward with four warps against one (H200, same
 # process): 0.913-0.921x the time on the float32 rows of mace-l2-c128, mace-large, mace-medium and
-# nequip-revmd17-benzene, 0.943-0.973x on mace-l2-c128's, mace-medium's and mace-large's float64;
-# two warps gained less (0.915-0.989x). Blocks of 32 channels (one chunk) keep a warp per tile.
+# nequip-revmd17-benzene, 0.943-0.973x on mace-l2-c128's, mace-medium's and mace-large's float64
+# (benzene's: 0.996x); two warps gained less (0.915-0.989x). Blocks of 32 channels (one chunk) keep a warp per tile.
 # 0: a warp per tile.
 CHUNK_WARPS = 4
 # A product forward's tile is shared further among PATH_WARPS parts of its paths (balanced by the

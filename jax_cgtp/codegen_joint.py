@@ -61,10 +61,9 @@ def emit_joint(w: Writer, schedule: KernelSchedule) -> None:
     if "y" in outs:
         for n, (_, dim) in enumerate(joint.y_blocks):
             w(f"T {', '.join(f'gy{n}_{q} = T(0)' for q in range(dim))};")
-    chunks = schedule.chunk_warps
     for part, [(x_offset, mul, dim, paths)] in (p for block in joint.blocks for p in _parts(schedule, [block])):
         _open_part(w, schedule, part)
-        _open_joint_chunks(w, [(x_offset, mul, dim, paths)], chunks, _chunk_group(schedule))
+        _open_joint_chunks(w, schedule, [(x_offset, mul, dim, paths)])
         if forward:  # measured: the forward gains, the backward loses
             w("const int lane = cgtp_lane();  // read here, so that the chunk's addresses are not held across edges")
         w("const bool live = ok && active;")
@@ -109,11 +108,6 @@ def _parts(schedule: KernelSchedule, members) -> list:
     return parts
 
 
-def _chunk_group(schedule: KernelSchedule) -> str:
-    """The warp's first chunk: its place among the tile group's chunk warps (group = part * chunk warps + it)."""
-    return f"group % {schedule.chunk_warps}" if schedule.path_warps > 1 and schedule.chunk_warps else "group"
-
-
 def _open_part(w: Writer, schedule: KernelSchedule, part: int | None) -> None:
     """Open the section of the tile group's warps that run part ``part`` of the paths (None: all run all)."""
     if part is not None:
@@ -132,16 +126,21 @@ def _emit_joint_rows(w: Writer, schedule: KernelSchedule, roles=("x", "y", "w", 
               f"{problem.operand_dim(role)}LL;  // {role} row")
 
 
-def _open_joint_chunks(w: Writer, members, chunk_warps: int = 0, chunk_group: str = "group") -> None:
+def _open_joint_chunks(w: Writer, schedule: KernelSchedule, members) -> None:
     """Open the loop over the 32-channel chunks of the x blocks ``members`` (``(x offset, mul, dim,
-    paths)``, all of one ``mul``; lanes over ``u``): every chunk, or with ``chunk_warps`` those of
-    the warp's (chunks g, g + chunk_warps, ... for g = ``chunk_group``)."""
+    paths)``, all of one ``mul``; lanes over ``u``): every chunk, or with the tile group's
+    ``chunk_warps`` the warp's (chunks g, g + chunk_warps, ..., g its place among the chunk warps:
+    group = part * chunk_warps + g)."""
     for x_offset, mul, dim, paths in members:
         w(f"// x block at {x_offset}: {mul} channels of dimension {dim}, paths "
           f"[{', '.join(str(p.ins_index) for p in paths)}]")
     mul = members[0][1]
     w("#pragma unroll 1")
-    first, step = (chunk_group, f"c += {chunk_warps}") if chunk_warps else ("0", "++c")
+    chunk_warps = schedule.chunk_warps
+    if not chunk_warps:
+        first, step = "0", "++c"
+    else:
+        first, step = f"group % {chunk_warps}" if schedule.path_warps > 1 else "group", f"c += {chunk_warps}"
     w.open(f"for (int c = {first}; c < {-(-mul // WARP)}; {step})")
     emit_chunk_lanes(w, mul)
 
@@ -493,7 +492,7 @@ def _emit_forward_walk(w: Writer, schedule: KernelSchedule) -> None:
         paths = _members_paths(members)
         _emit_group_barrier(w, schedule)
         _open_part(w, schedule, part)
-        _open_joint_chunks(w, members, schedule.chunk_warps, _chunk_group(schedule))
+        _open_joint_chunks(w, schedule, members)
         accumulators = _declare_z_chunks(w, paths) if held else [None] * len(paths)
         if tracked:
             w("long long cur = -1;")
@@ -602,7 +601,7 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
         added = [any(other[0] == x_offset for other in joint.blocks[:first + m])
                  for m, (x_offset, *_) in enumerate(members)]
         _emit_group_barrier(w, schedule)
-        _open_joint_chunks(w, members)
+        _open_joint_chunks(w, schedule, members)
         w("long long cur = -1, cur_x = -1;")
         for tag, (_, _, dim, _) in zip(tags, members):
             for s in xs:

@@ -120,7 +120,9 @@ LANE_WRITES = ("own",)  # z flushes written lane by lane
 # (``cgtp_transpose_rows``: d shuffles and d log2 d selects per chunk of d components) instead of
 # through the warp's shared buffer (d stores, a barrier, d loads): the product forward's profile
 # spends 9.6 of its 29 cycles per issued instruction on shared-memory stalls (MIO throttle, short
-# scoreboard) that cuEq's does not have (benchmarks/results/nvidia-h200/fwd-profile/).
+# scoreboard) that cuEq's does not have (benchmarks/results/nvidia-h200/fwd-profile/). Measured
+# (H200, same process, 50 rows): 0.93-1.20x the time, at most 0.976x on a product forward, with
+# 33-48% more registers, and slower on long code (benchmarks/results/nvidia-h200/shuffle-transpose/).
 SHUFFLE_TRANSPOSE: tuple[str, ...] = ()
 # The product's forward pass hands each tile of edges to a group of warps, warp g running the
 # chunks g, g + CHUNK_WARPS, ... of every x block, instead of a warp per tile running all of them:

@@ -141,18 +141,26 @@ CHUNK_WARPS = 4
 # edge's row together (one chunk per block: the paths alone). The group's warps share a block,
 # which grows to hold them (at most MAX_TILE_GROUP). In the copy kernels of write-order/, a
 # 768-thread block per edge wrote its rows in 0.95x the time of four warps per edge. 0: no parts.
-# Not measured yet.
-PATH_WARPS = 0
-MAX_TILE_GROUP = 16
+# Measured (H100, same process, 1203289): four parts of blocks of one chunk (groups of 4 warps)
+# took 0.960-0.964x the float32 forward's time on nequip-lips, nequip-l2-c32 and sevennet-l3-c32
+# (0.972-0.976x in float64); groups of 8 and 16 warps took mace-medium's 1.07x and 1.21-1.27x,
+# mace-large's 0.98-0.99x and 1.03-1.04x (benchmarks/results/nvidia-h100-80gb-hbm3/tile-groups/).
+# Hence groups of at most MAX_TILE_GROUP = 4 warps: the parts fill the chunk warps' group to four.
+PATH_WARPS = 4
+MAX_TILE_GROUP = 4
 # A convolution forward that walks destination runs a warp per run (z rows owned) shares each run
 # among WALK_CHUNK_WARPS warps of a block instead, each running every WALK_CHUNK_WARPS-th chunk, as
 # CHUNK_WARPS does for the product: the group reads an edge's weight row and gathered x row
-# together. The runs of a group are one run, so its warps end together. 0: a warp per run. Not
-# measured yet.
-WALK_CHUNK_WARPS = 0
+# together. The runs of a group are one run, so its warps end together. 0: a warp per run.
+# Measured (H100, same process, 1203289): 0.902-0.903x the atomic conv_fwd's time on mace-l2-c128,
+# 0.91-0.95x on mace-medium's, 0.93x on mace-large's float32 (its float64 forward does not walk);
+# the 32-channel configs' kernels are unchanged (benchmarks/results/nvidia-h100-80gb-hbm3/tile-groups/).
+WALK_CHUNK_WARPS = 4
 # ... and among WALK_PATH_WARPS parts of its paths, as PATH_WARPS does for the product (for blocks of
-# 32 channels, the paths alone): each warp holds the z chunks of its part's paths. 0: no parts. Not
-# measured yet.
+# 32 channels, the paths alone): each warp holds the z chunks of its part's paths. 0: no parts.
+# Measured (H100, same process, 1203289), four parts with four chunk warps: 1.0x the atomic
+# conv_fwd's time on the 128-channel configs, 1.33-3.2x on the 32-channel ones (nequip-lips 1.86x,
+# sevennet-l3-c32 3.2x in float32).
 WALK_PATH_WARPS = 0
 # The product's joint passes hold the edge's y components in registers when it has at most this
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs

@@ -148,7 +148,7 @@ def test_forward_tiles_shared_by_path_warps_match_reference(make_pair, parts, gr
     """The paths of the product's forward in parts (``schedule.PATH_WARPS``), each run by its warps
     of the tile's group: x blocks of one chunk each (the paths alone), or of up to five chunks, four
     warps per part splitting them (groups of 8 and 16 warps, in blocks that hold them); 37 edges."""
-    planned_with(PATH_WARPS=parts)
+    planned_with(PATH_WARPS=parts, MAX_TILE_GROUP=16)
     kernels, reference = make_pair(kernels="auto")
     keys = jax.random.split(jax.random.PRNGKey(45), 3)
     x, y, w = (jax.random.normal(k, (37, d), jnp.float64) for k, d in zip(
@@ -171,7 +171,7 @@ def test_forward_walks_share_runs_among_chunk_warps(deterministic, make_pair, pa
     of x blocks of five, two and one chunks, in one part or two of the paths; or four parts of the
     paths of blocks of one chunk. Every convolution member matches the reference (runs of up to 4
     edges: the deterministic walk's chunks of ``RUN_CHUNK=4`` take a warp each)."""
-    planned_with(WALK_CHUNK_WARPS=4, WALK_PATH_WARPS=parts, RUN_CHUNK=4)
+    planned_with(WALK_CHUNK_WARPS=4, WALK_PATH_WARPS=parts, MAX_TILE_GROUP=16, RUN_CHUNK=4)
     kernels, reference = make_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(47), kernels, 9, 60, jnp.float64, bad_fraction=0.1)
     before = _launches()

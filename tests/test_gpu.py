@@ -190,7 +190,7 @@ def test_forward_tiles_shared_by_path_warps_match_reference(dtype, make_pair, pa
     """The product's forward with its paths in parts (``schedule.PATH_WARPS``), each run by its warps
     of the tile's group: four parts of x blocks of one chunk each, or two parts of four warps that
     split blocks of up to five chunks; 1001 edges; every family member."""
-    planned_with(PATH_WARPS=parts)
+    planned_with(PATH_WARPS=parts, MAX_TILE_GROUP=16)
     cuda, reference = make_pair()
     keys = jax.random.split(jax.random.PRNGKey(46), 4)
     x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
@@ -486,7 +486,7 @@ def test_convolution_forward_walks_share_runs_among_chunk_warps(dtype, determini
     ``WALK_PATH_WARPS``): four warps each running every fourth chunk of x blocks of five, two and one
     chunks, in one part or two of the paths; or four parts of the paths of blocks of one chunk; 300
     nodes, 5000 edges; every member."""
-    planned_with(WALK_CHUNK_WARPS=4, WALK_PATH_WARPS=parts)
+    planned_with(WALK_CHUNK_WARPS=4, WALK_PATH_WARPS=parts, MAX_TILE_GROUP=16)
     cuda, reference = make_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(67), cuda, 300, 5000, dtype, bad_fraction=0.05)
     walks = [k for k in planned_kernels(functools.partial(cuda, num_nodes=300), *args)

@@ -146,7 +146,9 @@ CHUNK_WARPS = 4
 # (0.972-0.976x in float64); groups of 8 and 16 warps took mace-medium's 1.07x and 1.21-1.27x,
 # mace-large's 0.98-0.99x and 1.03-1.04x (benchmarks/results/nvidia-h100-80gb-hbm3/tile-groups/).
 # Hence groups of at most MAX_TILE_GROUP = 4 warps: the parts fill the chunk warps' group to four.
-PATH_WARPS = 4
+# Off (0) until its GPU tests (test_forward_tiles_shared_by_path_warps_match_reference) have run on a
+# device; then 4.
+PATH_WARPS = 0
 MAX_TILE_GROUP = 4
 # A convolution forward that walks destination runs a warp per run (z rows owned) shares each run
 # among WALK_CHUNK_WARPS warps of a block instead, each running every WALK_CHUNK_WARPS-th chunk, as
@@ -155,12 +157,14 @@ MAX_TILE_GROUP = 4
 # Measured (H100, same process, 1203289): 0.902-0.903x the atomic conv_fwd's time on mace-l2-c128,
 # 0.91-0.95x on mace-medium's, 0.93x on mace-large's float32 (its float64 forward does not walk);
 # the 32-channel configs' kernels are unchanged (benchmarks/results/nvidia-h100-80gb-hbm3/tile-groups/).
-WALK_CHUNK_WARPS = 4
+# Off (0) until its GPU tests (test_convolution_forward_walks_share_runs_among_chunk_warps) have run
+# on a device; then 4.
+WALK_CHUNK_WARPS = 0
 # ... and among WALK_PATH_WARPS parts of its paths, as PATH_WARPS does for the product (for blocks of
 # 32 channels, the paths alone): each warp holds the z chunks of its part's paths. 0: no parts.
-# Measured (H100, same process, 1203289), four parts with four chunk warps: 1.0x the atomic
-# conv_fwd's time on the 128-channel configs, 1.33-3.2x on the 32-channel ones (nequip-lips 1.86x,
-# sevennet-l3-c32 3.2x in float32).
+# Measured (H100, same process, 1203289), four parts with four chunk warps: 1.33-3.2x the atomic
+# conv_fwd's time on the 32-channel walks (nequip-lips 1.86x, sevennet-l3-c32 3.2x in float32;
+# twice the SASS); the 128-channel walks' groups of 16 did not fit a block's shared memory.
 WALK_PATH_WARPS = 0
 # The product's joint passes hold the edge's y components in registers when it has at most this
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs

@@ -146,9 +146,7 @@ CHUNK_WARPS = 4
 # (0.972-0.976x in float64); groups of 8 and 16 warps took mace-medium's 1.07x and 1.21-1.27x,
 # mace-large's 0.98-0.99x and 1.03-1.04x (benchmarks/results/nvidia-h100-80gb-hbm3/tile-groups/).
 # Hence groups of at most MAX_TILE_GROUP = 4 warps: the parts fill the chunk warps' group to four.
-# Off (0) until its GPU tests (test_forward_tiles_shared_by_path_warps_match_reference) have run on a
-# device; then 4.
-PATH_WARPS = 0
+PATH_WARPS = 4
 MAX_TILE_GROUP = 4
 # A convolution forward that walks destination runs a warp per run (z rows owned) shares each run
 # among WALK_CHUNK_WARPS warps of a block instead, each running every WALK_CHUNK_WARPS-th chunk, as
@@ -157,9 +155,7 @@ MAX_TILE_GROUP = 4
 # Measured (H100, same process, 1203289): 0.902-0.903x the atomic conv_fwd's time on mace-l2-c128,
 # 0.91-0.95x on mace-medium's, 0.93x on mace-large's float32 (its float64 forward does not walk);
 # the 32-channel configs' kernels are unchanged (benchmarks/results/nvidia-h100-80gb-hbm3/tile-groups/).
-# Off (0) until its GPU tests (test_convolution_forward_walks_share_runs_among_chunk_warps) have run
-# on a device; then 4.
-WALK_CHUNK_WARPS = 0
+WALK_CHUNK_WARPS = 4
 # ... and among WALK_PATH_WARPS parts of its paths, as PATH_WARPS does for the product (for blocks of
 # 32 channels, the paths alone): each warp holds the z chunks of its part's paths. 0: no parts.
 # Measured (H100, same process, 1203289), four parts with four chunk warps: 1.33-3.2x the atomic

@@ -162,6 +162,12 @@ WALK_CHUNK_WARPS = 4
 # conv_fwd's time on the 32-channel walks (nequip-lips 1.86x, sevennet-l3-c32 3.2x in float32;
 # twice the SASS); the 128-channel walks' groups of 16 did not fit a block's shared memory.
 WALK_PATH_WARPS = 0
+# A convolution's backward that walks tiles of dst-sorted edges (the fused backward, the second
+# derivative's walks) shares each tile among BACKWARD_WALK_CHUNK_WARPS warps, a block of them, each
+# running every BACKWARD_WALK_CHUNK_WARPS-th chunk: each edge's x̄ and w̄ chunks are the warp's own,
+# and its ȳ, summed over the chunks, is the sum of the group's partial rows (the block meets first).
+# 0: a warp per tile.
+BACKWARD_WALK_CHUNK_WARPS = 0
 # The product's joint passes hold the edge's y components in registers when it has at most this
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs
 # (H100). With l <= 5 (36 components) they pushed its backward from 168 to 255 registers, spilled.
@@ -776,7 +782,7 @@ class KernelSchedule:
     def grid(self, num_edges: int, num_segments: int) -> int:
         """Blocks to launch; each group of warps loops over the tiles grid-stride."""
         if self.fill:  # the most warps it could use; the launcher caps it
-            warps = -(-num_edges // min(self.tile, FILL_MIN_SPAN))
+            warps = -(-num_edges // min(self.tile, FILL_MIN_SPAN)) * self.num_groups
         else:
             warps = self.tiles(num_edges, num_segments) * self.num_groups
         blocks = -(-warps // self.warps_per_block)
@@ -1513,17 +1519,19 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
             kernel = _tile_group(kernel, CHUNK_WARPS, PATH_WARPS)
         elif forward_walk and own_runs and not lockstep:
             kernel = _tile_group(kernel, WALK_CHUNK_WARPS, WALK_PATH_WARPS)
+        elif joint is not None and joint.walk and joint.by_destination and not lockstep and not segment_role:
+            kernel = _tile_group(kernel, BACKWARD_WALK_CHUNK_WARPS, 0, block=True)
         if FILL_GRID and joint is not None and joint.by_destination and kernel.tiling == "tiles":
             kernel = dataclasses.replace(kernel, fill=True)
         schedules.append(kernel)
     return schedules
 
 
-def _tile_group(kernel: KernelSchedule, chunk_warps: int, path_warps: int) -> KernelSchedule:
-    """A forward's tile (or run) shared among the warps of a group: its x blocks' chunks (at most
+def _tile_group(kernel: KernelSchedule, chunk_warps: int, path_warps: int, block: bool = False) -> KernelSchedule:
+    """A tile (or run) shared among the warps of a group: its x blocks' chunks (at most
     ``chunk_warps``, and their largest number of chunks) and parts of its paths (at most ``path_warps``,
     and one per path), a power of two of at most MAX_TILE_GROUP warps in all, in blocks that hold
-    whole groups."""
+    whole groups (``block``: one group, whose warps meet at the block's barriers)."""
     joint = kernel.joint
     chunks = _power_of_two_below(min(chunk_warps, max(-(-mul // WARP) for _, mul, _, _ in joint.blocks)))
     paths = [p for *_, block in joint.blocks for p in block]
@@ -1536,7 +1544,7 @@ def _tile_group(kernel: KernelSchedule, chunk_warps: int, path_warps: int) -> Ke
     for n in sorted(range(len(paths)), key=lambda n: -paths[n].z_dim):  # most bytes first, to the lightest part
         owner[n] = min(range(parts), key=lambda g: load[g])
         load[owner[n]] += paths[n].z_dim + 1
-    warps = max(kernel.warps_per_block, group)
+    warps = group if block else max(kernel.warps_per_block, group)
     warps = warps if warps % group == 0 else group
     if _warps_in_block_shared(kernel.smem_per_warp * kernel.itemsize, warps) < warps:
         return kernel

@@ -387,10 +387,10 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
             _emit_slice_bounds(w)
             edges = "slice_count"
         if schedule.fill:
-            who = "group" if groups > 1 else "warp"
-            w(f"// the edges spread evenly over the {who}s: rounds of one tile per {who}, spans of at most {tile} edges")
-            w(f"const long long rounds = ({edges} + {step} * {tile} - 1) / ({step} * {tile});")
-            w(f"const long long span = rounds > 0 ? ({edges} + {step} * rounds - 1) / ({step} * rounds) : {tile};")
+            w(f"// the edges spread evenly over the warps: rounds of one tile per warp, spans of at most {tile} edges")
+            w(f"const long long rounds = ({edges} + num_warps * {tile} - 1) / (num_warps * {tile});")
+            w(f"const long long span = rounds > 0 ? ({edges} + num_warps * rounds - 1) / (num_warps * rounds) "
+              f": {tile};")
         else:
             w(f"const long long span = {tile};")
         w(f"const long long num_tiles = ({edges} + span - 1) / span;")

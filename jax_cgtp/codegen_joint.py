@@ -692,15 +692,12 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
             w.open(f"if ({condition})")
             _emit_z_flush(w, schedule, paths, accumulators, row)
             w.close()
-        if summed:  # added to the warp's (group's) partial row, which no other warp (group) writes
+        if summed:  # added to the warp's partial row, which no other warp writes
             k = outs["w"]
-            row = "walker" if schedule.num_groups > 1 else "warp"
             for p in summed:
-                w(f"if (active) out{k}[{row} * {schedule.outputs[k].dim}LL + {p.w_offset} + lc] += gw{p.ins_index};")
+                w(f"if (active) out{k}[warp * {schedule.outputs[k].dim}LL + {p.w_offset} + lc] += gw{p.ins_index};")
         w.close()
-    if "y" in outs and schedule.num_groups > 1:
-        _emit_group_y_sums(w, schedule, outs["y"])
-    elif "y" in outs:
+    if "y" in outs:
         out = schedule.outputs[outs["y"]]
         w("__syncwarp();")
         if schedule.permuted:  # the tile's edges are rows of a sorted permutation
@@ -711,20 +708,6 @@ def _emit_backward_walk(w: Writer, schedule: KernelSchedule) -> None:
         else:  # a tile's edges are consecutive rows
             w(f"for (int q = lane; q < count * {y_dim}; q += 32) out{outs['y']}[first * {out.dim}LL + q] = ysum[q];")
         w("__syncwarp();")
-
-
-def _emit_group_y_sums(w: Writer, schedule: KernelSchedule, k: int) -> None:
-    """Store the tile's ȳ rows when a block's warps share the tile's chunks: edge t's row is the sum
-    of the warps' partial rows (``ysum`` of each), stored by warp t mod the group's size."""
-    groups, y_dim, dim = schedule.num_groups, schedule.call.problem.operand_dim("y"), schedule.outputs[k].dim
-    w("__syncthreads();  // every warp's ȳ sums of the tile are in")
-    w(f"const T* const group_ysum = ysum - group * {schedule.smem_per_warp};  // the first warp's")
-    w.open(f"for (int t = group; t < count; t += {groups})")
-    w(f"const long long e = {tile_value(schedule, 'my_edge', 't')};")
-    terms = " + ".join(f"group_ysum[{h * schedule.smem_per_warp} + t * {y_dim} + q]" for h in range(groups))
-    w(f"for (int q = lane; q < {y_dim}; q += 32) out{k}[e * {dim}LL + q] = {terms};")
-    w.close()
-    w("__syncthreads();  // read before the next tile's sums start")
 
 
 def _emit_x_bar_flushes(w: Writer, schedule: KernelSchedule, members, added, row: str) -> None:

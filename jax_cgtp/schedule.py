@@ -154,7 +154,10 @@ MAX_TILE_GROUP = 4
 # together. The runs of a group are one run, so its warps end together. 0: a warp per run.
 # Measured (H100, same process, 1203289): 0.902-0.903x the atomic conv_fwd's time on mace-l2-c128,
 # 0.91-0.95x on mace-medium's, 0.93x on mace-large's float32 (its float64 forward does not walk);
-# the 32-channel configs' kernels are unchanged (benchmarks/results/nvidia-h100-80gb-hbm3/tile-groups/).
+# the 32-channel configs' kernels are unchanged (benchmarks/results/nvidia-h100-80gb-hbm3/tile-groups/);
+# the deterministic conv_fwd 0.89-0.93x (cd2c36b). The backward walks' tiles shared among a block of four
+# chunk warps, ȳ summed over their partial rows, took 1.01-1.15x the conv_bwd's time and 0.98-1.10x the
+# conv_dbwd's on the same configs (tile-groups/backward-chunk-warps.patch), so those walks keep a warp per tile.
 WALK_CHUNK_WARPS = 4
 # ... and among WALK_PATH_WARPS parts of its paths, as PATH_WARPS does for the product (for blocks of
 # 32 channels, the paths alone): each warp holds the z chunks of its part's paths. 0: no parts.
@@ -162,12 +165,6 @@ WALK_CHUNK_WARPS = 4
 # conv_fwd's time on the 32-channel walks (nequip-lips 1.86x, sevennet-l3-c32 3.2x in float32;
 # twice the SASS); the 128-channel walks' groups of 16 did not fit a block's shared memory.
 WALK_PATH_WARPS = 0
-# A convolution's backward that walks tiles of dst-sorted edges (the fused backward, the second
-# derivative's walks) shares each tile among BACKWARD_WALK_CHUNK_WARPS warps, a block of them, each
-# running every BACKWARD_WALK_CHUNK_WARPS-th chunk: each edge's x̄ and w̄ chunks are the warp's own,
-# and its ȳ, summed over the chunks, is the sum of the group's partial rows (the block meets first).
-# 0: a warp per tile.
-BACKWARD_WALK_CHUNK_WARPS = 0
 # The product's joint passes hold the edge's y components in registers when it has at most this
 # many (spherical harmonics up to l = 3): 0.93-0.96x the float32 backward's time on three configs
 # (H100). With l <= 5 (36 components) they pushed its backward from 168 to 255 registers, spilled.
@@ -782,7 +779,7 @@ class KernelSchedule:
     def grid(self, num_edges: int, num_segments: int) -> int:
         """Blocks to launch; each group of warps loops over the tiles grid-stride."""
         if self.fill:  # the most warps it could use; the launcher caps it
-            warps = -(-num_edges // min(self.tile, FILL_MIN_SPAN)) * self.num_groups
+            warps = -(-num_edges // min(self.tile, FILL_MIN_SPAN))
         else:
             warps = self.tiles(num_edges, num_segments) * self.num_groups
         blocks = -(-warps // self.warps_per_block)
@@ -1519,19 +1516,17 @@ def _launches(call: Call, dtype: str, index_dtype: str, edges: int | None,
             kernel = _tile_group(kernel, CHUNK_WARPS, PATH_WARPS)
         elif forward_walk and own_runs and not lockstep:
             kernel = _tile_group(kernel, WALK_CHUNK_WARPS, WALK_PATH_WARPS)
-        elif joint is not None and joint.walk and joint.by_destination and not lockstep and not segment_role:
-            kernel = _tile_group(kernel, BACKWARD_WALK_CHUNK_WARPS, 0, block=True)
         if FILL_GRID and joint is not None and joint.by_destination and kernel.tiling == "tiles":
             kernel = dataclasses.replace(kernel, fill=True)
         schedules.append(kernel)
     return schedules
 
 
-def _tile_group(kernel: KernelSchedule, chunk_warps: int, path_warps: int, block: bool = False) -> KernelSchedule:
-    """A tile (or run) shared among the warps of a group: its x blocks' chunks (at most
+def _tile_group(kernel: KernelSchedule, chunk_warps: int, path_warps: int) -> KernelSchedule:
+    """A forward's tile (or run) shared among the warps of a group: its x blocks' chunks (at most
     ``chunk_warps``, and their largest number of chunks) and parts of its paths (at most ``path_warps``,
     and one per path), a power of two of at most MAX_TILE_GROUP warps in all, in blocks that hold
-    whole groups (``block``: one group, whose warps meet at the block's barriers)."""
+    whole groups."""
     joint = kernel.joint
     chunks = _power_of_two_below(min(chunk_warps, max(-(-mul // WARP) for _, mul, _, _ in joint.blocks)))
     paths = [p for *_, block in joint.blocks for p in block]
@@ -1544,7 +1539,7 @@ def _tile_group(kernel: KernelSchedule, chunk_warps: int, path_warps: int, block
     for n in sorted(range(len(paths)), key=lambda n: -paths[n].z_dim):  # most bytes first, to the lightest part
         owner[n] = min(range(parts), key=lambda g: load[g])
         load[owner[n]] += paths[n].z_dim + 1
-    warps = group if block else max(kernel.warps_per_block, group)
+    warps = max(kernel.warps_per_block, group)
     warps = warps if warps % group == 0 else group
     if _warps_in_block_shared(kernel.smem_per_warp * kernel.itemsize, warps) < warps:
         return kernel

@@ -183,24 +183,6 @@ def test_forward_walks_share_runs_among_chunk_warps(deterministic, make_pair, pa
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
-@pytest.mark.parametrize("deterministic, shared", [(False, False), (False, True), (True, False)])
-def test_backward_walks_share_tiles_among_chunk_warps(deterministic, shared, planned_with):
-    """The convolution's backward walks (the fused backward, the second derivative's) with four warps
-    per tile of dst-sorted edges (``schedule.BACKWARD_WALK_CHUNK_WARPS``), each running every fourth
-    chunk of x blocks of five, two and one chunks, ȳ summed over the block's warps; per-edge or shared
-    weights (w̄ in the group's partial row). Every convolution member matches the reference."""
-    planned_with(BACKWARD_WALK_CHUNK_WARPS=4, MAX_PARTIAL_BLOCKS=1)
-    kernels, reference = uneven_chunks_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
-    args = random_graph(jax.random.PRNGKey(61), kernels, 9, 60, jnp.float64, bad_fraction=0.1, shared=shared)
-    before = _launches()
-    actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
-    walks = [k for k in kernel_emulator.launched()[before:] if k.num_groups > 1 and k.tiling == "tiles"]
-    assert walks and all(k.warps_per_block == k.chunk_warps == 4 for k in walks)
-    assert any(dict(k.joint.outputs).keys() >= {"x", "y", "w"} for k in walks)
-    assert all("for (int c = group; c < 5; c += 4)" in codegen.generate(k) for k in walks)
-    assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
-
-
 @pytest.mark.parametrize("shared", [False, True])
 def test_forward_tiles_shared_by_chunk_warps_match_reference(shared, planned_with):
     """Four warps per tile of the product's forward (``schedule.CHUNK_WARPS``), each running every

@@ -495,21 +495,6 @@ def test_convolution_forward_walks_share_runs_among_chunk_warps(dtype, determini
     _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 
-@pytest.mark.parametrize("deterministic, shared", [(False, False), (False, True), (True, False)])
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_convolution_backward_walks_share_tiles_among_chunk_warps(dtype, deterministic, shared, planned_with):
-    """The backward walks by destination with four warps per tile (``schedule.BACKWARD_WALK_CHUNK_WARPS``),
-    each running every fourth chunk of x blocks of five, two and one chunks, ȳ summed over the block's
-    warps; per-edge or shared weights; 300 nodes, 5000 edges; every member."""
-    planned_with(BACKWARD_WALK_CHUNK_WARPS=4)
-    cuda, reference = uneven_chunks_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
-    args = random_graph(jax.random.PRNGKey(69), cuda, 300, 5000, dtype, bad_fraction=0.05, shared=shared)
-    walks = [k for k in planned_kernels(functools.partial(cuda, num_nodes=300), *args)
-             if k.num_groups > 1 and k.tiling == "tiles"]
-    assert walks and all(k.warps_per_block == k.chunk_warps == 4 for k in walks)
-    _assert_conv_members_match(cuda, reference, 300, args, dtype)
-
-
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("shared", [False, True])
 def test_deterministic_backward_in_slices_matches_reference(dtype, shared, planned_with):

@@ -36,7 +36,11 @@ FOLD_CG_FORWARD = True
 # x̄'s and ȳ's sums through z̄ go into their accumulators term by term (one FFMA each,
 # acc += o_d S_cd, o the weight times y or x) where that takes fewer instructions than declaring
 # sum_d o_d S_cd and adding it times the weight (_sums_in_place); so do the sums of a group of terms.
-SUMS_IN_PLACE = True
+# 0.3-2.2% fewer SASS instructions in the backward kernels of the six uvu configs (mace-l2-c128's
+# conv_bwd 3784 against 3832, float32; benchmarks.kernel_stats), with other register counts in some
+# (mace-large's float64 bwd 168 instead of 250, its float32 bwd 128 instead of 96). Off until an A/B
+# on the device and the GPU tests decide: stop 67 got no device machine.
+SUMS_IN_PLACE = False
 
 
 def _emit_group_barrier(w: Writer, schedule: KernelSchedule) -> None:

@@ -432,10 +432,11 @@ def _path_text(source: str, path: int) -> str:
 def test_backward_sums_go_into_accumulators_where_that_saves_instructions(monkeypatch):
     """mace's fused backward (x̄, ȳ, w̄): path 1 (0e x 1o -> 1o) adds ȳ's three sums in place from
     x_0 times the weight (a gain of 3 - 1) and keeps x̄'s sum declared, which w̄ reads; path 5
-    (1o x 1o -> 0e) gains nothing either way. Without a w̄ output both sides of path 1 that gain go
-    in place, and with SUMS_IN_PLACE off none."""
+    (1o x 1o -> 0e) gains nothing either way. Without a w̄ output every side that gains goes in place
+    (path 1's ȳ alone: its x̄ would gain 1 - 3), and with SUMS_IN_PLACE off none."""
     problem = mace_problem()
     call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10))
+    monkeypatch.setattr(codegen_joint, "SUMS_IN_PLACE", True)
 
     def path_source(call, path):
         kernel = next(k for k in schedule.plan(call, "float", "int") if k.joint is not None)

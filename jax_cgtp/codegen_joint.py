@@ -891,9 +891,13 @@ class _PathCG:
     def has(self, key: int, operand: str, z: str) -> bool:
         return self._name(key, operand, z) in self.declared
 
+    def components(self, key: int) -> list[int]:
+        """The distinct i (``key`` 0) or j (1) of the pairs."""
+        return sorted({pair[key] for pair in self.pairs})
+
     def width(self, key: int) -> int:
-        """How many sums :meth:`sums` returns for ``key``: the distinct i (0) or j (1) of the pairs."""
-        return len({pair[key] for pair in self.pairs})
+        """How many sums :meth:`sums` returns for ``key``."""
+        return len(self.components(key))
 
     @staticmethod
     def _name(key: int, operand: str, z: str) -> str:
@@ -1010,9 +1014,9 @@ def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str, 
             continue
         key = "xy".index(role)
         operand = factors["yx"[key]]
-        if len(group) > 1 or in_place:
+        if (len(group) > 1 and SUMS_IN_PLACE) or in_place:
             if scale:
-                for d in sorted({nz[1 - key] for nz in path.nonzeros}):
+                for d in cg.components(1 - key):
                     w(f"const T m{role}_{d} = {operand}_{d}{scale};")
                 operand = f"m{role}"
             for c, added in cg.terms(key, operand, factors["z"]).items():
@@ -1036,9 +1040,13 @@ def _sums_in_place(schedule: KernelSchedule, path: JointPath, cg: _PathCG) -> se
     joint = schedule.joint
     outs = dict(joint.outputs)
     weighted = path.w_offset is not None
-    lone = {role: _term_names(joint, terms[0]) for role in "xy" if role in outs
-            for terms in [_path_terms(joint, path, role)] if len(terms) == 1}
-    gains = {role: cg.width(key) - (len({nz[1 - key] for nz in path.nonzeros}) if weighted else 0)
+    operand = {"x": "y", "y": "x"}  # the input each sum runs over besides z̄
+    lone = {}  # role -> the input names of its one term
+    for role in operand:
+        terms = _path_terms(joint, path, role) if role in outs else []
+        if len(terms) == 1:
+            lone[role] = _term_names(joint, terms[0])
+    gains = {role: cg.width(key) - (cg.width(1 - key) if weighted else 0)
              for key, role in enumerate("xy") if role in lone}
     gains = {role: gain for role, gain in gains.items() if gain > 0}
     if "w" not in outs or not weighted:
@@ -1047,10 +1055,9 @@ def _sums_in_place(schedule: KernelSchedule, path: JointPath, cg: _PathCG) -> se
 
     def declares_for_w(role: str) -> bool:  # role's declared sums are w̄'s: the same operand and z̄
         names = lone.get(role)
-        operand = "yx"["xy".index(role)]
-        return names is not None and len(w_terms) == 1 and all(names[r] == w_terms[0][r] for r in (operand, "z"))
+        return names is not None and len(w_terms) == 1 and all(names[r] == w_terms[0][r] for r in (operand[role], "z"))
 
-    kept = [role for role in gains if declares_for_w("yx"["xy".index(role)])]
+    kept = [role for role in gains if declares_for_w(operand[role])]
     return {max(kept, key=gains.get)} if kept else set()
 
 

@@ -33,14 +33,6 @@ FOLD_CG_MAGNITUDE = True
 # nequip-revmd17-benzene's deterministic float64 one (a 16-byte spill); fwd 0.98-1.02x
 # (benchmarks/results/nvidia-h100-80gb-hbm3/fwd-folding/).
 FOLD_CG_FORWARD = True
-# x̄'s and ȳ's sums through z̄ go into their accumulators term by term (one FFMA each,
-# acc += o_d S_cd, o the weight times y or x) where that takes fewer instructions than declaring
-# sum_d o_d S_cd and adding it times the weight (_sums_in_place); so do the sums of a group of terms.
-# 0.3-2.2% fewer SASS instructions in the backward kernels of the six uvu configs (mace-l2-c128's
-# conv_bwd 3784 against 3832, float32; benchmarks.kernel_stats), with other register counts in some
-# (mace-large's float64 bwd 168 instead of 250, its float32 bwd 128 instead of 96). Off until an A/B
-# on the device and the GPU tests decide: stop 67 got no device machine.
-SUMS_IN_PLACE = False
 
 
 def _emit_group_barrier(w: Writer, schedule: KernelSchedule) -> None:
@@ -778,25 +770,21 @@ def _emit_joint_path(w: Writer, schedule: KernelSchedule, path: JointPath, weigh
         else:
             w(" ".join(f"const T z_{k} = {z_values[k]};" for k in used[2]))
     cg = _PathCG(w, path, schedule.dtype)
-    in_place = _sums_in_place(schedule, path, cg)
-
-    def add(role: str, accumulators) -> None:
-        for c, addends in _path_sums(w, schedule, path, role, cg, role in in_place).items():
-            for sign, value in addends:
-                w(f"{accumulators[c]} {sign}= {value};")
-
     if "z" in outs:
         accumulators = z_acc or [f"gz_{k}" for k in range(path.z_dim)]
         if z_acc is None:
             w(f"T {', '.join(f'{a} = T(0)' for a in accumulators)};")
-        add("z", accumulators)
+        for k, value in _path_sums(w, schedule, path, "z", cg).items():
+            w(f"{accumulators[k]} += {value};")
         if z_acc is None:
             _emit_joint_flush(w, schedule, "z", path.z_offset, path.z_dim)
     if "x" in outs:
-        add("x", [f"gx_{i}" for i in range(path.x_dim)])
+        for i, value in _path_sums(w, schedule, path, "x", cg).items():
+            w(f"gx_{i} += {value};")
     if "y" in outs:
         n = joint.y_blocks.index((path.y_offset, path.y_dim))
-        add("y", [f"gy{n}_{j}" for j in range(path.y_dim)])
+        for j, value in _path_sums(w, schedule, path, "y", cg).items():
+            w(f"gy{n}_{j} += {value};")
     if "w" in outs and path.w_offset is not None:
         out = schedule.outputs[outs["w"]]
         gradient = _weight_gradient(schedule, path, cg)
@@ -891,35 +879,29 @@ class _PathCG:
     def has(self, key: int, operand: str, z: str) -> bool:
         return self._name(key, operand, z) in self.declared
 
-    def components(self, key: int) -> list[int]:
-        """The distinct i (``key`` 0) or j (1) of the pairs."""
-        return sorted({pair[key] for pair in self.pairs})
-
     def width(self, key: int) -> int:
-        """How many sums :meth:`sums` returns for ``key``."""
-        return len(self.components(key))
+        """How many sums :meth:`sums` returns for ``key``: the distinct i (0) or j (1) of the pairs."""
+        return len({pair[key] for pair in self.pairs})
 
     @staticmethod
     def _name(key: int, operand: str, z: str) -> str:
         return f"{'qp'[key]}_{operand}_{z}"
 
-    def terms(self, key: int, operand: str, z: str) -> dict[int, list[tuple[str, str]]]:
-        """``{c: [(sign, operand_d * S_cd)]}``, the terms of :meth:`sums` (``key`` 0: c is i, d is
-        j; 1: c is j, d is i), with the S they read declared."""
-        s = self._contracted(z)
-        by_c: dict[int, list[tuple[str, str]]] = {}
+    def sums(self, key: int, operand: str, z: str) -> dict[int, str]:
+        """``{c: sum_d operand_d S_cd}`` in units of ``self.unit`` (``key`` 0: c is i, d is j; 1: c
+        is j, d is i)."""
+        s, name = self._contracted(z), self._name(key, operand, z)
+        by_c: dict[int, list[tuple[int, int]]] = {}
         for pair in sorted(self.pairs, key=lambda p: p[key]):
+            by_c.setdefault(pair[key], []).append(pair)
+
+        def term(pair):
             sign, source = self.factor[pair]
             factor = f"{z}_{source}" if isinstance(source, int) else f"{s}_{source[0]}_{source[1]}"
-            by_c.setdefault(pair[key], []).append((sign, f"{operand}_{pair[1 - key]} * {factor}"))
-        return by_c
+            return sign, f"{operand}_{pair[1 - key]} * {factor}"
 
-    def sums(self, key: int, operand: str, z: str) -> dict[int, str]:
-        """``{c: sum_d operand_d S_cd}`` in units of ``self.unit``, declared once."""
-        name = self._name(key, operand, z)
-        terms = self.terms(key, operand, z)
-        self._declare(name, {c: signed_sum(t) for c, t in terms.items()})
-        return {c: f"{name}_{c}" for c in terms}
+        self._declare(name, {c: signed_sum(map(term, pairs)) for c, pairs in by_c.items()})
+        return {c: f"{name}_{c}" for c in by_c}
 
     def z_sums(self, x: str, y: str) -> dict[int, str]:
         """``{k: sum_ij pw C_ijk x_i y_j}`` in units of ``self.z_unit``."""
@@ -974,18 +956,15 @@ def _shared_magnitude(coefficients, added: int) -> float:
     return exact[unit] if counts[unit] - counts.get(1.0, 0) > added else 1.0
 
 
-def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str, cg: _PathCG,
-               in_place: bool = False) -> dict[int, list[tuple[str, str]]]:
-    """``{component: [(sign, addend)]}``: what ``path`` adds to output ``role`` (x, y or z) for
-    this edge, one ``acc += addend`` (or ``-=``) each.
+def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str,
+               cg: _PathCG) -> dict[int, str]:
+    """``{component: value}`` that ``path`` adds to output ``role`` (x, y or z) for this edge.
 
     A term is its weight times the sum of ``pw C a b`` over the CG nonzeros, ``a`` and ``b`` its
     two other operands. Terms that read the same input of ``a`` (the operand with fewer inputs:
     z̄ for x̄ and ȳ) are added before the CG sum: ``sum_t weight_t b_t`` is declared once per
     group (``m{role}{n}_c``), so a group costs one CG sum instead of one per term. x̄ and ȳ sum
-    through z̄, and z over the nonzeros in units of their common magnitude (``cg``). x̄'s and ȳ's
-    sums of such a group, and of a lone term when ``in_place`` (its y or x scaled by the weight
-    first, ``m{role}_d``), go into the accumulator term by term (SUMS_IN_PLACE).
+    through z̄, and z over the nonzeros in units of their common magnitude (``cg``).
     """
     joint = schedule.joint
     terms = [_term_names(joint, t) for t in _path_terms(joint, path, role)]
@@ -1001,7 +980,7 @@ def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str, 
     for names in terms:
         groups.setdefault(names[shared], []).append(names)
     used = sorted({nz["xyz".index(other)] for nz in path.nonzeros})
-    sums: dict[int, list[tuple[str, str]]] = {}
+    sums: dict[int, list[str]] = {}
     for n, group in enumerate(groups.values()):
         factors, scale = dict(group[0]), weight(group[0])
         if len(group) > 1:
@@ -1010,55 +989,12 @@ def _path_sums(w: Writer, schedule: KernelSchedule, path: JointPath, role: str, 
                 w(f"const T m{role}{n}_{c} = {' + '.join(f'{names[other]}_{c}{weight(names)}' for names in group)};")
         if role == "z":
             for c, products in cg.z_sums(factors["x"], factors["y"]).items():
-                sums.setdefault(c, []).append(("+", f"({products}){scale}"))
-            continue
-        key = "xy".index(role)
-        operand = factors["yx"[key]]
-        if (len(group) > 1 and SUMS_IN_PLACE) or in_place:
-            if scale:
-                for d in cg.components(1 - key):
-                    w(f"const T m{role}_{d} = {operand}_{d}{scale};")
-                operand = f"m{role}"
-            for c, added in cg.terms(key, operand, factors["z"]).items():
-                sums.setdefault(c, []).extend(added)
+                sums.setdefault(c, []).append(f"({products}){scale}")
         else:
-            for c, value in cg.sums(key, operand, factors["z"]).items():
-                sums.setdefault(c, []).append(("+", f"{value}{scale}"))
-    return dict(sorted(sums.items()))
-
-
-def _sums_in_place(schedule: KernelSchedule, path: JointPath, cg: _PathCG) -> set[str]:
-    """The outputs among x̄ and ȳ whose lone term ``path`` adds in place (:func:`_path_sums`).
-
-    In place, component c of x̄ (key 0) or ȳ (key 1) costs one FFMA per term, plus one
-    multiplication per used component d of the scaled operand, where the declared sum costs one
-    instruction per term and one FFMA by the weight: a gain of ``width - len(d)`` (``width`` when
-    the path has no weight). w̄ reads the declared sums of one of the two (:func:`_weight_gradient`),
-    so a weighted path with a w̄ output keeps the other declared and takes the larger gain."""
-    if not SUMS_IN_PLACE:
-        return set()
-    joint = schedule.joint
-    outs = dict(joint.outputs)
-    weighted = path.w_offset is not None
-    operand = {"x": "y", "y": "x"}  # the input each sum runs over besides z̄
-    lone = {}  # role -> the input names of its one term
-    for role in operand:
-        terms = _path_terms(joint, path, role) if role in outs else []
-        if len(terms) == 1:
-            lone[role] = _term_names(joint, terms[0])
-    gains = {role: cg.width(key) - (cg.width(1 - key) if weighted else 0)
-             for key, role in enumerate("xy") if role in lone}
-    gains = {role: gain for role, gain in gains.items() if gain > 0}
-    if "w" not in outs or not weighted:
-        return set(gains)
-    w_terms = [_term_names(joint, t) for t in _path_terms(joint, path, "w")]
-
-    def declares_for_w(role: str) -> bool:  # role's declared sums are w̄'s: the same operand and z̄
-        names = lone.get(role)
-        return names is not None and len(w_terms) == 1 and all(names[r] == w_terms[0][r] for r in (operand[role], "z"))
-
-    kept = [role for role in gains if declares_for_w(operand[role])]
-    return {max(kept, key=gains.get)} if kept else set()
+            key = "xy".index(role)
+            for c, value in cg.sums(key, factors["yx"[key]], factors["z"]).items():
+                sums.setdefault(c, []).append(f"{value}{scale}")
+    return {c: " + ".join(values) for c, values in sorted(sums.items())}
 
 
 def _weight_gradient(schedule: KernelSchedule, path: JointPath, cg: _PathCG) -> str:

@@ -423,36 +423,6 @@ def test_backward_walk_stays_apart_where_merged_z_chunks_cost_warps(planned_with
     assert merged.joint.walk_groups == ((0, 1), (2,), (3,)) and merged.warps_per_block == schedule.WARPS_PER_BLOCK
 
 
-def _path_text(source: str, path: int) -> str:
-    """The generated lines of ``path``'s block."""
-    start = source.index(f"// path {path}:")
-    return source[start:source.find("// path ", start + 1)]
-
-
-def test_backward_sums_go_into_accumulators_where_that_saves_instructions(monkeypatch):
-    """mace's fused backward (x̄, ȳ, w̄): path 1 (0e x 1o -> 1o) adds ȳ's three sums in place from
-    x_0 times the weight (a gain of 3 - 1) and keeps x̄'s sum declared, which w̄ reads; path 5
-    (1o x 1o -> 0e) gains nothing either way. Without a w̄ output every side that gains goes in place
-    (path 1's ȳ alone: its x̄ would gain 1 - 3), and with SUMS_IN_PLACE off none."""
-    problem = mace_problem()
-    call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10))
-    monkeypatch.setattr(codegen_joint, "SUMS_IN_PLACE", True)
-
-    def path_source(call, path):
-        kernel = next(k for k in schedule.plan(call, "float", "int") if k.joint is not None)
-        return _path_text(codegen.generate(kernel), path)
-
-    one = path_source(call, 1)
-    assert "const T my_0 = x_0 * wt;" in one and "gy1_2 += my_0 * z_2;" in one
-    assert "const T q_y_z_0 = " in one and "= x_0 * q_y_z_0;" in one and "const T p_x_z_" not in one
-    five = path_source(call, 5)
-    assert "const T mx_" not in five and "const T my_" not in five and "const T p_x_z_0 = " in five
-    no_w = dataclasses.replace(call, outputs=call.outputs[:2])
-    assert "const T my_0 = x_0 * wt;" in path_source(no_w, 1) and "const T mx_" not in path_source(no_w, 1)
-    monkeypatch.setattr(codegen_joint, "SUMS_IN_PLACE", False)
-    assert "const T my_" not in path_source(call, 1)
-
-
 @pytest.mark.parametrize("dtype, batches", [("float", [19]), ("double", [12, 7])])
 def test_joint_passes_bound_the_registers_of_high_l_products(dtype, batches):
     """25 y components are loaded by each path (through ``__ldca`` in float64; mace's 16 stay in

@@ -23,7 +23,7 @@ from family_members import (assert_close, conv_members, conv_second_derivatives,
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
-from jax_cgtp import codegen, codegen_joint, cuda_lowering, schedule
+from jax_cgtp import codegen, cuda_lowering, schedule
 from jax_cgtp.problem import MODES
 
 import kernel_emulator
@@ -110,34 +110,6 @@ def test_convolution_matches_reference(deterministic, seed):
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
     assert _launches() > before
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
-
-
-@pytest.mark.parametrize("in_place", [False, True])
-def test_backward_sums_in_place_or_declared_match_reference(in_place, monkeypatch):
-    """codegen_joint.SUMS_IN_PLACE either way: the product's members and second derivatives, and the
-    convolution's members and force-loss second derivatives (atomic and deterministic), whose
-    backward passes add x̄'s and ȳ's sums into their accumulators or declare them."""
-    monkeypatch.setattr(codegen_joint, "SUMS_IN_PLACE", in_place)
-    jax.clear_caches()
-    before = _launches()
-    spec = random_problem(905, mode="uvu", lmax=2)
-    kernels, reference = pair(spec, kernels="auto")
-    x, y, w = random_inputs(jax.random.PRNGKey(905), spec, (13,), kernels.weight_numel, jnp.float64, False)
-    g = jax.random.normal(jax.random.PRNGKey(906), (13, kernels.irreps_out.dim), jnp.float64)
-    for family, args in ((members, (x, y, w, g)), (second_derivatives, (x, y, w))):
-        assert_close(jax.jit(functools.partial(family, kernels))(*args),
-                     jax.jit(functools.partial(family, reference))(*args), jnp.float64)
-    for deterministic in (False, True):
-        kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", unweighted=(1,),
-                                                      deterministic=deterministic)
-        args = random_graph(jax.random.PRNGKey(906), kernels, 9, 50, jnp.float64, bad_fraction=0.1)
-        for family in (conv_members, conv_second_derivatives):
-            assert_close(jax.jit(functools.partial(family, kernels, 9))(*args),
-                         jax.jit(functools.partial(family, reference, 9))(*args), jnp.float64)
-    scaled = [re.search(r"const T m[xy]_\d+ = ", codegen.generate(k)) is not None
-              for k in kernel_emulator.launched()[before:]]
-    assert any(scaled) == in_place
-    jax.clear_caches()
 
 
 @pytest.mark.parametrize("call", ["product", "atomic", "deterministic"])

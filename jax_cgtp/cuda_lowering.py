@@ -45,7 +45,7 @@ COMMAND_BUFFERS = os.environ.get("JAX_CGTP_COMMAND_BUFFERS", "1") != "0"
 # of mace-medium's (its first kernel spilled 8 bytes), 1.02x of mace-large's (whose spill-free first
 # kernel it changed too), 0.97-0.99x on the three deterministic ones, and 1.06-1.07x where the kernels
 # held more registers than 5 blocks allow (nequip-lips' float32 conv_bwd, mace-medium's float64
-# conv_dbwd). SPILL_FREE_BLOCKS (kernel_cubin) gives more registers to the kernels that spill alone.
+# conv_dbwd). SPILL_FREE_BLOCKS (kernel_cubin) gives more registers only to the kernels that spill.
 # Off until it is measured on every row with such a kernel.
 SPILL_FREE_BLOCKS = False
 SPILL_FREE_STEPS = 2

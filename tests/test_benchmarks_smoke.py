@@ -172,15 +172,14 @@ def test_nvrtc_compiles_the_product_kernels_of_every_public_config(lower_for_sm9
     from concurrent.futures import ThreadPoolExecutor
 
     from benchmarks import kernel_stats
-    from jax_cgtp import codegen
+    from jax_cgtp import codegen, cuda_lowering
 
     kernels = {(config, phase): kernel_stats.row_kernels(config, phase, dtype, "jax_cgtp")
                for config in configs.SUITES["public"] for phase in ("fwd", "bwd")}
     assert all(len(planned) == 1 for planned in kernels.values()), {row: len(k) for row, k in kernels.items()}
 
     def compiled(kernel):
-        return cubin_stats(nvrtc.compile_cubin(codegen.generate(kernel), "sm_90", str(kernel.call.problem)),
-                           codegen.KERNEL_NAME)
+        return cubin_stats(cuda_lowering.kernel_cubin(kernel, "sm_90"), codegen.KERNEL_NAME)
 
     with ThreadPoolExecutor() as pool:
         stats = dict(zip(kernels, pool.map(compiled, (planned[0] for planned in kernels.values()))))

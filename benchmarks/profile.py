@@ -27,7 +27,7 @@ from jax_cgtp import schedule
 from jax_cgtp.cuda_lowering import planned_kernels
 
 from . import configs, phases, problems
-from .inputs import make_inputs
+from .inputs import GRAPHS, make_inputs
 from .peers import LIBRARIES, OPTIONAL_LIBRARIES, adapter
 from .settings import apply_option
 
@@ -80,6 +80,8 @@ def main(argv=None) -> None:
     parser.add_argument("--edges", type=int, default=None, help="default: the benchmark's size for the dtype")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--graph", default="random", choices=GRAPHS,
+                        help="a convolution's graph (benchmarks.inputs; default random, the table's)")
     parser.add_argument("--launches", action="store_true", help="print the launch count of one run and exit")
     parser.add_argument("--lib", default="jax_cgtp", choices=LIBRARIES + OPTIONAL_LIBRARIES,
                         help="the library whose phase runs (default jax_cgtp)")
@@ -91,7 +93,7 @@ def main(argv=None) -> None:
     apply_option(parser, "--set", args.set)
     jax.config.update("jax_enable_x64", True)
     fn, arguments = phase_and_arguments(args.config, args.phase, args.dtype, args.edges or configs.EDGES[args.dtype],
-                                        concrete=not args.launches, lib=args.lib)
+                                        concrete=not args.launches, lib=args.lib, graph=args.graph)
     if args.launches:
         kernels = planned_kernels(fn, *arguments)
         for n, kernel in enumerate(kernels):

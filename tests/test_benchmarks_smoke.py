@@ -231,6 +231,24 @@ def test_kernel_stats_plans_under_the_settings_it_is_given(lower_for_sm90, capsy
     assert launches[1] == launches[0] + 1
 
 
+def test_profile_runs_the_phase_on_the_graph_it_is_given(monkeypatch):
+    """``--graph`` picks the convolution's graph (here the spatial one, whose ``dst`` is sorted and
+    whose sources lie near their destination), and an unknown graph is refused."""
+    from benchmarks import inputs, profile
+
+    graphs = []
+
+    def recording(*args, graph="random", **kwargs):
+        graphs.append(graph)
+        return inputs.make_inputs(*args, graph=graph, **kwargs)
+
+    monkeypatch.setattr(profile, "make_inputs", recording)
+    profile.main(["tiny-uvu", "conv_bwd", "float32", "--edges", "1024", "--graph", "spatial", "--warmup", "0"])
+    assert graphs == ["spatial"]
+    with pytest.raises(SystemExit):
+        profile.main(["tiny-uvu", "conv_bwd", "float32", "--graph", "ring"])
+
+
 def test_profile_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, planned_with):
     """``--set`` applies scheduler settings before the phase is traced (here: the look-ahead ring of
     the forward, a walk over destination runs, off), and refuses a setting that does not exist."""

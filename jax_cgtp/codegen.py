@@ -29,13 +29,6 @@ _HEADER = "cgtp_device.cuh"
 _BUFFERS = {"ahead": "ring of look-ahead slots (x rows, weights)", "ring": "ring of weight items",
             "row": "output row summed over paths", "t": "t[u, k] of one item"}
 KERNEL_NAME = "cgtp_kernel"
-# A tiled walk over sorted edges (a convolution's) hands each warp (or group) consecutive tiles:
-# a node's run of edges that two tiles split is then mostly split within one warp, which reads the
-# node's row the second time right after the first (from L2). Off, the tiles go round-robin over
-# the warps, and the two tiles of a split run are walked a whole round apart. (mace-l2-c128's
-# float32 conv_bwd walks 6,250 destination runs in 4,167 tiles of 24 edges: each z̄ row is
-# gathered 1.67 times.)
-CONSECUTIVE_TILES = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -401,13 +394,7 @@ def _emit_tiles(w: Writer, schedule: KernelSchedule) -> None:
         else:
             w(f"const long long span = {tile};")
         w(f"const long long num_tiles = ({edges} + span - 1) / span;")
-        if CONSECUTIVE_TILES and (call.walk or schedule.slice_walk):
-            w(f"// each warp{' group' if groups > 1 else ''} walks its share of consecutive tiles")
-            w(f"const long long tiles_each = (num_tiles + {step} - 1) / {step};")
-            w.open(f"for (long long tile = {first} * tiles_each; tile < num_tiles && tile < ({first} + 1) * tiles_each; "
-                   "++tile)")
-        else:
-            w.open(f"for (long long tile = {first}; tile < num_tiles; tile += {step})")
+        w.open(f"for (long long tile = {first}; tile < num_tiles; tile += {step})")
         w("const long long first = tile * span;")
         w(f"const int count = (int)({edges} - first < span ? {edges} - first : span);")
         if schedule.slice_walk:

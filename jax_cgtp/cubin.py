@@ -13,8 +13,6 @@ import struct
 from dataclasses import dataclass
 
 INSTRUCTION_BYTES = 16
-REGISTERS_PER_SM = 65536  # every architecture from sm_70 to sm_90
-REGISTER_ALLOCATION = 256  # registers are given to a warp in units of this many
 _REGCOUNT, _FRAME_SIZE = 0x2F, 0x11  # EIATTR_REGCOUNT, EIATTR_FRAME_SIZE: (symbol, value) pairs
 _SIZED = 0x04  # EIFMT_SVAL: a 16-bit size, then the payload; every other format is 4 bytes in all
 
@@ -70,9 +68,3 @@ def cubin_stats(cubin: bytes, kernel: str) -> KernelStats:
         raise ValueError(f"the cubin's .nv.info has no register count for {kernel}")
     return KernelStats(values[_REGCOUNT], size // INSTRUCTION_BYTES, values.get(_FRAME_SIZE, 0))
 
-
-def resident_blocks(registers: int, block: int) -> int:
-    """Blocks of ``block`` threads that ``registers`` per thread let an SM hold at once (the register
-    file alone; shared memory and the SM's block limit aside)."""
-    per_warp = -(-registers * 32 // REGISTER_ALLOCATION) * REGISTER_ALLOCATION
-    return REGISTERS_PER_SM // (per_warp * -(-block // 32))

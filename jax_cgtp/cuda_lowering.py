@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import codegen, nvrtc, partitioning, schedule
-from .cubin import cubin_stats, resident_blocks
 from .call import Call, num_edges, output_shape
 from .operands import INDEXED, SHARED
 
@@ -37,18 +36,6 @@ UNCAPTURED_TARGET = "jax_cgtp_launch_uncaptured"
 # nothing (kernels are loaded in its initialize stage). With COMMAND_BUFFERS = False (or
 # $JAX_CGTP_COMMAND_BUFFERS=0 at import), functions lowered afterwards launch every kernel on its own.
 COMMAND_BUFFERS = os.environ.get("JAX_CGTP_COMMAND_BUFFERS", "1") != "0"
-# ptxas picks the registers of a kernel without a target of ours (KernelSchedule.min_blocks 0) for an
-# occupancy of its own choosing, and there it sometimes spills: mace-l2-c128's float32 atomic conv_dbwd
-# walk took 72 registers (7 blocks of 128 threads per SM) and 40 bytes of local memory, at 5 blocks
-# 96 registers and none. A probe that aimed every walk of a row at 5 blocks (H100, same call,
-# benchmarks/results/nvidia-h100-80gb-hbm3/spill-blocks-probe/) took 0.93x the time of that row and 0.98x
-# of mace-medium's (its first kernel spilled 8 bytes), 1.02x of mace-large's (whose spill-free first
-# kernel it changed too), 0.97-0.99x on the three deterministic ones, and 1.06-1.07x where the kernels
-# held more registers than 5 blocks allow (nequip-lips' float32 conv_bwd, mace-medium's float64
-# conv_dbwd). SPILL_FREE_BLOCKS (kernel_cubin) gives more registers only to the kernels that spill.
-# Off until it is measured on every row with such a kernel.
-SPILL_FREE_BLOCKS = False
-SPILL_FREE_STEPS = 2
 KEEP = 2  # a zero_outputs flag: the output starts as the argument it aliases (neither zeroed nor poisoned)
 _KERNEL_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
@@ -121,30 +108,9 @@ def _plan(call: Call, dtype: str, index_dtype: str, edges: int):
     return schedule.plan(call, dtype, index_dtype, edges)
 
 
-def _compiled(kernel: schedule.KernelSchedule, arch: str) -> bytes:
-    return nvrtc.compile_cubin(codegen.generate(kernel), arch, repr(kernel.call.problem))
-
-
 def kernel_cubin(kernel: schedule.KernelSchedule, arch: str) -> bytes:
-    """The cubin launched for ``kernel`` on ``arch``: NVRTC's, at the kernel's occupancy target.
-
-    With SPILL_FREE_BLOCKS, a kernel that ptxas compiled at a target of its own choosing with local
-    memory (spills) is compiled again aiming at one block per SM fewer than its registers allow, then
-    two, ... (SPILL_FREE_STEPS in all), which gives each thread more registers; the first cubin
-    without local memory is launched, or the first one if none is free of it.
-    """
-    cubin = _compiled(kernel, arch)
-    if not SPILL_FREE_BLOCKS or kernel.min_blocks:
-        return cubin
-    stats = cubin_stats(cubin, codegen.KERNEL_NAME)
-    if not stats.local_bytes:
-        return cubin
-    blocks = resident_blocks(stats.registers, kernel.block)
-    for fewer in range(blocks - 1, max(blocks - 1 - SPILL_FREE_STEPS, 0), -1):
-        candidate = _compiled(dataclasses.replace(kernel, min_blocks=fewer), arch)
-        if not cubin_stats(candidate, codegen.KERNEL_NAME).local_bytes:
-            return candidate
-    return cubin
+    """The cubin launched for ``kernel`` on ``arch``: NVRTC's, of the kernel's generated source."""
+    return nvrtc.compile_cubin(codegen.generate(kernel), arch, repr(kernel.call.problem))
 
 
 @functools.lru_cache(maxsize=None)

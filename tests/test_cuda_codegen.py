@@ -17,7 +17,7 @@ from family_members import (OWNED_FORWARD_RULE, backward_call, high_l_pair, long
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
-from jax_cgtp import codegen, codegen_joint, cubin, cuda_lowering, nvrtc, schedule
+from jax_cgtp import codegen, codegen_joint, cuda_lowering, nvrtc, schedule
 from jax_cgtp.call import Call, Output, Term, forward_call
 from jax_cgtp.operands import BATCHED, INDEXED, SHARED
 from jax_cgtp.problem import MODES
@@ -955,65 +955,6 @@ def test_free_running_walks_of_long_code_keep_their_registers(planned_with):
     assert kernels["det_src_conv_bwd"][0].lockstep
     assert "__launch_bounds__(128, 1)" in codegen.generate(kernels["bwd"][0])
     assert "__launch_bounds__(128) " in codegen.generate(kernels["conv_fwd"][0])
-
-
-def test_register_file_bounds_the_resident_blocks():
-    """64K registers per SM, given to warps 256 at a time: 72 registers hold 7 blocks of 128
-    threads, 96 hold 5, 255 hold 2; a 96-thread block takes whole warps."""
-    assert [cubin.resident_blocks(r, 128) for r in (32, 72, 80, 96, 128, 255)] == [16, 7, 6, 5, 4, 2]
-    assert cubin.resident_blocks(72, 96) == cubin.resident_blocks(72, 128) + 2
-
-
-@pytest.mark.parametrize("setting, min_blocks, local, expected, compiled", [
-    (False, 0, {0: 40}, 0, [0]),  # off: ptxas' own cubin
-    (True, 0, {0: 0}, 0, [0]),  # nothing spilled
-    (True, 2, {2: 40}, 2, [2]),  # a target of ours is kept
-    (True, 0, {0: 40, 6: 8, 5: 0}, 5, [0, 6, 5]),  # 72 registers (7 blocks), then 6, then 5 without spills
-    (True, 0, {0: 40, 6: 8, 5: 8}, 0, [0, 6, 5]),  # SPILL_FREE_STEPS targets, none free: the own one
-])
-def test_spilling_kernels_are_compiled_again_for_fewer_blocks(monkeypatch, setting, min_blocks, local, expected,
-                                                              compiled):
-    """kernel_cubin with SPILL_FREE_BLOCKS: a kernel at ptxas' own target (72 registers here) whose
-    cubin has local memory is compiled for one, then two blocks per SM fewer, and the first cubin
-    without local memory is the one launched."""
-    kernel = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "float", "int")[0]
-    kernel = dataclasses.replace(kernel, min_blocks=min_blocks)
-    seen = []
-
-    def compile_for(k, arch):
-        seen.append(k.min_blocks)
-        return str(k.min_blocks).encode()
-
-    def stats(image, name):
-        return cubin.KernelStats(72 if image == b"0" else 96, 100, local[int(image)])
-
-    monkeypatch.setattr(cuda_lowering, "SPILL_FREE_BLOCKS", setting)
-    monkeypatch.setattr(cuda_lowering, "_compiled", compile_for)
-    monkeypatch.setattr(cuda_lowering, "cubin_stats", stats)
-    assert cuda_lowering.kernel_cubin(kernel, "sm_90") == str(expected).encode()
-    assert seen == compiled
-
-
-@pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
-@pytest.mark.slow_compile
-def test_spill_free_cubin_of_a_spilling_walk(lower_for_sm90):
-    """mace-l2-c128's float32 conv_dbwd, atomic (its walk took 72 registers and 40 bytes of spills with
-    CUDA 13.0's NVRTC): with SPILL_FREE_BLOCKS the launched cubin of a kernel is ptxas' own where that
-    has no local memory, and otherwise either that one or one with less and more registers."""
-    from benchmarks import kernel_stats
-
-    kernels = kernel_stats.row_kernels("mace-l2-c128", "conv_dbwd", "float32", "jax_cgtp")
-    own = [cuda_lowering.kernel_cubin(k, "sm_90") for k in kernels]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cuda_lowering, "SPILL_FREE_BLOCKS", True)
-        chosen = [cuda_lowering.kernel_cubin(k, "sm_90") for k in kernels]
-    changed = 0
-    for before, after in zip(own, chosen):
-        was, now = (cubin.cubin_stats(c, codegen.KERNEL_NAME) for c in (before, after))
-        if after != before:
-            assert was.local_bytes and now.local_bytes < was.local_bytes and now.registers > was.registers, (was, now)
-            changed += 1
-    assert changed, "this NVRTC compiles the row without spills: test a row that spills"
 
 
 @pytest.mark.parametrize("dtype, nodes", [("float", 4096), ("double", 2048)])

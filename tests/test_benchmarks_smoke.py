@@ -18,7 +18,6 @@ from benchmarks import configs, cost, edge_sharding, inputs, phases, problems, r
 from benchmarks.peers import LIBRARIES  # noqa: E402
 import jax_cgtp  # noqa: E402
 from jax_cgtp import nvrtc  # noqa: E402
-from jax_cgtp.cubin import cubin_stats  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +178,7 @@ def test_nvrtc_compiles_the_product_kernels_of_every_public_config(lower_for_sm9
     assert all(len(planned) == 1 for planned in kernels.values()), {row: len(k) for row, k in kernels.items()}
 
     def compiled(kernel):
-        return cubin_stats(cuda_lowering.kernel_cubin(kernel, "sm_90"), codegen.KERNEL_NAME)
+        return kernel_stats.cubin_stats(cuda_lowering.kernel_cubin(kernel, "sm_90"))
 
     with ThreadPoolExecutor() as pool:
         stats = dict(zip(kernels, pool.map(compiled, (planned[0] for planned in kernels.values()))))
@@ -203,13 +202,13 @@ def test_kernel_stats_reads_registers_and_code_size_from_each_cubin(lower_for_sm
         ("dbwd", "jax_cgtp", "1")]
     assert all(0 < int(r[5]) <= 255 and int(r[6]) > 0 and int(r[7]) >= 0 for r in rows)
     with pytest.raises(ValueError, match="not an ELF64 cubin"):
-        cubin_stats(b"not a cubin", "cgtp_kernel")
+        kernel_stats.cubin_stats(b"not a cubin")
     local = ('extern "C" __global__ void cgtp_kernel(float* p, int i) '
              "{ float a[1024]; for (int j = 0; j < 1024; ++j) a[j] = p[j]; a[i & 1023] += 1.0f; "
              "for (int j = 0; j < 1024; ++j) p[j] = a[j] * a[1023 - j]; }")
-    assert cubin_stats(nvrtc.compile_cubin(local, "sm_90"), "cgtp_kernel").local_bytes >= 4096  # the array
+    assert kernel_stats.cubin_stats(nvrtc.compile_cubin(local, "sm_90")).local_bytes >= 4096  # the array
     with pytest.raises(ValueError, match="no section .text.other"):
-        cubin_stats(nvrtc.compile_cubin(local, "sm_90"), "other")
+        kernel_stats.cubin_stats(nvrtc.compile_cubin(local, "sm_90"), "other")
     with pytest.raises(SystemExit):
         kernel_stats.main(["--configs", "tiny-uvu", "--libs", "cueq"])
     assert "unknown lib cueq" in capsys.readouterr().err

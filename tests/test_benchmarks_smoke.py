@@ -171,7 +171,7 @@ def test_nvrtc_compiles_the_product_kernels_of_every_public_config(lower_for_sm9
     from concurrent.futures import ThreadPoolExecutor
 
     from benchmarks import kernel_stats
-    from jax_cgtp import codegen, cuda_lowering
+    from jax_cgtp import cuda_lowering
 
     kernels = {(config, phase): kernel_stats.row_kernels(config, phase, dtype, "jax_cgtp")
                for config in configs.SUITES["public"] for phase in ("fwd", "bwd")}

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
 from .problem import Problem
 
@@ -126,6 +128,13 @@ def common_arguments(call: Call, output_indices) -> dict[str, int] | None:
             if arrays.setdefault(role, array) != array:
                 return None
     return arrays
+
+
+def accumulation_dtype(dtype):
+    """The dtype every backend computes a call of ``dtype`` arrays in: float32 for the half
+    precisions (float16, bfloat16), whose results are rounded once to ``dtype``; else ``dtype``."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
 
 
 def num_edges(call: Call, shapes) -> int:

@@ -13,11 +13,11 @@ from jax.sharding import PartitionSpec
 from . import mesh_axes, primitives
 from .call import Call, forward_call
 from .cuda_lowering import common_index_dtype, kernel_dtype
-from .graph import SortedGraph, check_index, check_node_count, graph_endpoints, sort_graph
+from .graph import SortedGraph, check_index, check_node_count, graph_endpoints, host_index, sort_graph
 from .grouping import group_edges
 from .operands import BATCHED, INDEXED, SHARED
 from .schedule import owned_forward_is_faster
-from .tensor_product import TensorProduct, check_float_operands, check_static_shapes, check_trailing_dim
+from .tensor_product import TensorProduct, as_array, check_float_operands, check_static_shapes, check_trailing_dim
 
 
 class TensorProductConv(TensorProduct):
@@ -64,8 +64,9 @@ class TensorProductConv(TensorProduct):
         if src is None or dst is None or num_nodes is None:
             raise ValueError("src, dst, num_nodes: all three are needed (or graph=)")
         num_nodes = check_node_count("num_nodes", num_nodes)
+        x_nodes, y_edges, w = as_array("x_nodes", x_nodes), as_array("y_edges", y_edges), as_array("w", w)
         dtype = check_float_operands(x_nodes=x_nodes, y_edges=y_edges, w=w)
-        check_static_shapes(x_nodes=x_nodes, y_edges=y_edges, w=w, src=src, dst=dst)
+        check_static_shapes(x_nodes=x_nodes, y_edges=y_edges, w=w)
         check_trailing_dim("x_nodes", x_nodes, problem.irreps_in1.dim, f"irreps_in1 {problem.irreps_in1}")
         check_trailing_dim("y_edges", y_edges, problem.irreps_in2.dim, f"irreps_in2 {problem.irreps_in2}")
         check_trailing_dim("w", w, problem.weight_numel, "the weights")
@@ -80,9 +81,11 @@ class TensorProductConv(TensorProduct):
                 f"w: expected shape ({problem.weight_numel},) or ({num_edges}, {problem.weight_numel}), "
                 f"got {jnp.shape(w)}"
             )
+        num_src_nodes = jnp.shape(x_nodes)[0]
+        src, dst = host_index("src", src, num_src_nodes), host_index("dst", dst, num_nodes)
+        check_static_shapes(src=src, dst=dst)
         check_index("src", src, num_edges, "y_edges")
         check_index("dst", dst, num_edges, "y_edges")
-        num_src_nodes = jnp.shape(x_nodes)[0]
         if graph is not None and graph.num_src_nodes != num_src_nodes:
             raise ValueError(
                 f"x_nodes: graph was sorted for {graph.num_src_nodes} source nodes, got {num_src_nodes} rows"
@@ -148,13 +151,16 @@ def check_graph(src, dst, num_nodes: int, num_src_nodes: int | None = None) -> N
     """Eagerly raise ``ValueError`` if an edge index is outside the node range.
 
     ``src`` must lie in ``[0, num_src_nodes)`` (default ``num_nodes``) and ``dst`` in
-    ``[0, num_nodes)``. The convolution itself silently drops such edges.
+    ``[0, num_nodes)``, and both must be 1-D of one length. The convolution itself treats such
+    edges as padding (they contribute nothing).
     """
     num_nodes = check_node_count("num_nodes", num_nodes)
     num_src_nodes = num_nodes if num_src_nodes is None else check_node_count("num_src_nodes", num_src_nodes)
+    src, dst = np.asarray(src), np.asarray(dst)
+    if src.ndim != 1 or src.shape != dst.shape:
+        raise ValueError(f"src, dst: expected 1-D arrays of one index per edge, got shapes {src.shape} and {dst.shape}")
     for name, index, rows in (("src", src, num_src_nodes), ("dst", dst, num_nodes)):
-        index = np.asarray(index)
-        if index.dtype.kind not in "iu":
+        if index.dtype.kind not in "iu" and index.size:
             raise TypeError(f"{name}: expected an integer array, got dtype {index.dtype}")
         bad = np.flatnonzero((index < 0) | (index >= rows))
         if bad.size:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import codegen, nvrtc, partitioning, schedule
-from .call import Call, num_edges, output_shape
+from .call import Call, accumulation_dtype, num_edges, output_shape
 from .operands import INDEXED, SHARED
 
 TARGET = "jax_cgtp_launch"
@@ -141,8 +141,8 @@ def launch(call: Call, *args):
     """Every output of ``call``, computed by its generated kernels (the lowering's body)."""
     n = call.num_inputs
     dtype = jnp.dtype(args[0].dtype)
-    if dtype not in _KERNEL_DTYPES:  # half precisions run in float32
-        results = launch(call, *[a.astype(jnp.float32) for a in args[:n]], *args[n:])
+    if accumulation_dtype(dtype) != dtype:
+        results = launch(call, *[a.astype(accumulation_dtype(dtype)) for a in args[:n]], *args[n:])
         return [r.astype(dtype) for r in results]
     index_dtype, index_ctype = common_index_dtype(args[n:])
     args = list(args[:n]) + [jnp.asarray(a, index_dtype) for a in args[n:]]

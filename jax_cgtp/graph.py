@@ -76,6 +76,23 @@ def check_index(name: str, index, num_edges: int, per_edge_of: str) -> None:
         )
 
 
+def host_index(name: str, index, rows: int):
+    """An edge index as the convolution takes it: a JAX array (or tracer) as it is; host data
+    (NumPy arrays, lists) as a NumPy array whose values outside ``[0, rows)`` become ``-1`` where JAX
+    would convert it to int32 (64-bit values with x64 off): a value at or beyond ``2**31`` stays
+    padding instead of wrapping onto a real node. An empty list is an empty int32 index."""
+    if isinstance(index, jax.Array):
+        return index
+    array = np.asarray(index)
+    if array.size == 0 and array.dtype.kind == "f" and not hasattr(index, "dtype"):
+        return np.zeros(array.shape, np.int32)
+    if array.dtype.kind != "i":
+        raise TypeError(f"{name}: expected an int32 or int64 array, got dtype {array.dtype}")
+    if array.dtype.itemsize == 8 and not jax.config.jax_enable_x64:
+        array = np.where((array >= 0) & (array < rows), array, -1).astype(np.int32)
+    return array
+
+
 def valid_edges(src, dst, num_src_nodes: int, num_nodes: int):
     """Mask of the edges that contribute: ``src`` in ``[0, num_src_nodes)`` and ``dst`` in
     ``[0, num_nodes)``."""
@@ -109,6 +126,7 @@ def sort_graph(src, dst, num_nodes: int, num_src_nodes: int | None = None) -> So
     """
     num_nodes = check_node_count("num_nodes", num_nodes)
     num_src_nodes = num_nodes if num_src_nodes is None else check_node_count("num_src_nodes", num_src_nodes)
+    src, dst = host_index("src", src, num_src_nodes), host_index("dst", dst, num_nodes)
     src, dst = jnp.asarray(src), jnp.asarray(dst)
     if src.ndim != 1:
         raise ValueError(f"src: expected a 1-D array, one index per edge, got shape {src.shape}")

@@ -30,7 +30,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import cuda_lowering, mesh_axes, partitioning, reference
-from .call import Call, Output, Term, num_edges, output_shape, prune_inputs
+from .call import Call, Output, Term, accumulation_dtype, num_edges, output_shape, prune_inputs
 from .graph import sort_edges
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
 
@@ -217,10 +217,12 @@ def _batch(args, dims, *, call, backend):
     results = bind(new_call, new_inputs, new_indices, schedules, backend=backend)
     shaped = []
     for output, result in zip(call.outputs, results):
-        if call.kind(output.role) == SHARED:
+        kind = call.kind(output.role)
+        if kind == SHARED:
             shaped.append(result)
         else:
-            shaped.append(result.reshape((size, -1) + result.shape[1:]))
+            per_slice = edges if kind == BATCHED else call.row_count(output.role)
+            shaped.append(result.reshape((size, per_slice) + result.shape[1:]))
     return shaped, [0] * len(shaped)
 
 
@@ -242,8 +244,13 @@ batching.primitive_batchers[cgtp_p] = _batch
 
 
 def reference_outputs(call: Call, *args):
-    """Every output of ``call`` as the sum of its terms, each on the pure-JAX reference."""
+    """Every output of ``call`` as the sum of its terms, each on the pure-JAX reference, accumulated
+    in :func:`~jax_cgtp.call.accumulation_dtype` and rounded once to the inputs' dtype."""
     inputs, indices, _ = call.split(args)
+    dtype = inputs[0].dtype
+    if accumulation_dtype(dtype) != dtype:
+        results = reference_outputs(call, *[a.astype(accumulation_dtype(dtype)) for a in inputs], *args[len(inputs):])
+        return [r.astype(dtype) for r in results]
     index_args = [indices[r] for r in call.indexed_roles]
     results = []
     for output in call.outputs:

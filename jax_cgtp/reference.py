@@ -30,10 +30,17 @@ def _valid(index: jax.Array, rows: int) -> jax.Array:
 
 
 def gather_rows(array: jax.Array, index: jax.Array) -> jax.Array:
-    """``array[index]`` with zero rows where ``index`` is outside ``[0, len(array))``."""
-    valid = _valid(index, array.shape[0])
-    rows = jnp.take(array, jnp.where(valid, index, 0), axis=0)
-    return jnp.where(valid[:, None], rows, jnp.zeros((), array.dtype))
+    """``array[index]`` where ``index`` lies in ``[0, len(array))``; the other rows are unspecified
+    (row 0's, or zeros when ``array`` has no rows) and must be selected away (:func:`select_rows`)."""
+    if array.shape[0] == 0:
+        return jnp.zeros(index.shape + array.shape[1:], array.dtype)
+    return jnp.take(array, jnp.where(_valid(index, array.shape[0]), index, 0), axis=0)
+
+
+def select_rows(valid: jax.Array, rows: jax.Array) -> jax.Array:
+    """``rows[e]`` where ``valid[e]``, else exact zeros: a select, so that the values of an invalid
+    row (NaN and Inf included) never reach a result, as they would through ``0 * row``."""
+    return jnp.where(valid.reshape(valid.shape + (1,) * (rows.ndim - 1)), rows, jnp.zeros((), rows.dtype))
 
 
 def scatter_rows(values: jax.Array, index: jax.Array, rows: int) -> jax.Array:
@@ -114,12 +121,15 @@ def member(problem: Problem, output: str, kinds: tuple, output_rows, *args):
     indices = dict(zip(indexed_operands(kinds), args[len(inputs) :]))
     dtype = args[0].dtype
     num_edges = _num_edges(kinds, arrays, indices)
+    valid = _valid_edges(indices, arrays, output_rows)
 
     rows = {}
     for op, array in arrays.items():
         kind = kind_of(kinds, op)
         if kind == INDEXED:
             array = gather_rows(array, indices[op])
+        if kind != SHARED and valid is not None:  # every indexed call: ``valid`` covers the gather
+            array = select_rows(valid, array)
         rows[op] = (array, kind != SHARED)
 
     out_kind = kind_of(kinds, output)
@@ -134,6 +144,17 @@ def member(problem: Problem, output: str, kinds: tuple, output_rows, *args):
     if out_kind == INDEXED:
         result = scatter_rows(result, indices[output], output_rows)
     return result
+
+
+def _valid_edges(indices, arrays, output_rows):
+    """Mask of the edges every index of the call keeps in range (None without indices). An edge
+    outside it is padding: it reads no row, and its per-edge rows are selected away."""
+    valid = None
+    for op, index in indices.items():
+        rows = arrays[op].shape[0] if op in arrays else output_rows
+        in_range = _valid(index, rows)
+        valid = in_range if valid is None else valid & in_range
+    return valid
 
 
 def _num_edges(kinds, arrays, indices) -> int:

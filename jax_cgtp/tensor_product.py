@@ -13,11 +13,26 @@ from .operands import BATCHED, SHARED
 from .problem import Problem, make_problem, parse_irreps
 
 
+def as_array(name: str, value):
+    """``value`` as an array: arrays (JAX's, NumPy's, tracers) as they are, anything else (nested
+    lists, scalars) through ``np.asarray``; ``TypeError`` naming ``name`` where that fails."""
+    if hasattr(value, "dtype") and hasattr(value, "shape"):
+        return value
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{name}: expected an array or nested lists of numbers, got {type(value).__name__} ({error})") from None
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{name}: expected an array or nested lists of numbers, got {type(value).__name__} "
+                        f"that is not a regular array of numbers (dtype {array.dtype})")
+    return array
+
+
 def check_float_operands(**arrays) -> jnp.dtype:
     """The common floating dtype of the named arrays; ``TypeError`` naming the culprit otherwise."""
     dtypes = {}
     for name, array in arrays.items():
-        dtype = jnp.result_type(array)
+        dtype = jnp.result_type(as_array(name, array))
         if not jnp.issubdtype(dtype, jnp.floating):
             raise TypeError(f"{name}: expected a floating-point array, got dtype {dtype}")
         dtypes[name] = dtype
@@ -107,7 +122,8 @@ class TensorProduct:
         if w is None:
             if problem.weight_numel:
                 raise ValueError(f"w: this tensor product needs {problem.weight_numel} weights, got None")
-            w = jnp.zeros((0,), jnp.result_type(x))
+            w = jnp.zeros((0,), jnp.result_type(as_array("x", x)))
+        x, y, w = as_array("x", x), as_array("y", y), as_array("w", w)
         dtype = check_float_operands(x=x, y=y, w=w)
         check_static_shapes(x=x, y=y, w=w)
         check_trailing_dim("x", x, problem.irreps_in1.dim, f"irreps_in1 {problem.irreps_in1}")

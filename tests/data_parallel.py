@@ -53,6 +53,9 @@ def inputs(devices: int, dtype, seed: int = 0):
     pos = 2.0 * jax.random.normal(k[2], (devices, NODES, 3), dtype)
     src = jax.random.randint(k[3], (devices, EDGES), 0, NODES)
     dst = jax.random.randint(k[4], (devices, EDGES), 0, NODES)
+    # the last edges are a padded batch's: out of the node range (see energy)
+    src = src.at[:, -3:].set(jnp.array([NODES, 0, -1]))
+    dst = dst.at[:, -3:].set(jnp.array([0, -1, NODES + 4]))
     return theta, x, pos, src, dst
 
 
@@ -66,8 +69,15 @@ def energy(pos, x, theta, src, dst, *, deterministic, backend, sorted_graph):
     """A convolution over the edges (weights from the edge lengths), then a node-wise product with
     each node's direction from a fixed point."""
     conv, node_tp = modules(deterministic, backend)
-    y, r = directions(pos[src] - pos[dst] + jnp.array([0.1, 0.0, 0.0], pos.dtype))  # never zero (self-loops)
+    nodes = x.shape[0]
+    real = (src >= 0) & (src < nodes) & (dst >= 0) & (dst < nodes)
+    # a real edge's vector is never zero (self-loops are offset); a padding edge's features are NaN
+    # and its weights Inf, as a padded batch's zero-length vectors make them (the model's own
+    # derivatives stay finite: the values are selected in after the vector's norm)
+    offset = jnp.array([0.1, 0.0, 0.0], pos.dtype)
+    y, r = directions(jnp.where(real[:, None], pos[src] - pos[dst] + offset, offset))
     w = jnp.stack([jnp.cos(r), jnp.sin(r), r, r**2], axis=-1) @ theta
+    y, w = jnp.where(real[:, None], y, jnp.nan), jnp.where(real[:, None], w, jnp.inf)
     if sorted_graph:
         nodes = conv(x, y, w, graph=jax_cgtp.sort_graph(src, dst, x.shape[0]))
     else:

@@ -60,8 +60,11 @@ def _runs(dtype, backend):
     nodes = jax.random.normal(k[2], (NODES, tp.irreps_in1.dim), dtype)
     w_rows = jax.random.normal(k[3], (EDGES, tp.weight_numel), dtype)
     w_shared = jax.random.normal(k[4], (tp.weight_numel,), dtype)
-    src = jax.random.randint(k[5], (EDGES,), 0, NODES)
-    dst = jax.random.randint(k[6], (EDGES,), 0, NODES)
+    # the last edges are a padded batch's: out of the node range, their features NaN and weights Inf
+    src = jax.random.randint(k[5], (EDGES,), 0, NODES).at[-3:].set(jnp.array([NODES, 0, -1]))
+    dst = jax.random.randint(k[6], (EDGES,), 0, NODES).at[-3:].set(jnp.array([0, -1, NODES + 4]))
+    edge_y = y.at[-3:].set(jnp.nan)
+    edge_w = w_rows.at[-3:].set(jnp.inf)
     rows, edges, whole = PartitionSpec("edges", None), PartitionSpec("edges"), PartitionSpec()
     product = functools.partial(product_grads, backend=backend)
     runs = {"product_per_row": (product, (x, y, w_rows), (rows, rows, rows)),
@@ -69,7 +72,7 @@ def _runs(dtype, backend):
     for deterministic in (False, True):
         run = functools.partial(conv_second_derivative, deterministic=deterministic, backend=backend)
         runs[f"conv_{'deterministic' if deterministic else 'atomic'}"] = (
-            run, (nodes, y, w_rows, src, dst), (whole, rows, rows, edges, edges))
+            run, (nodes, edge_y, edge_w, src, dst), (whole, rows, rows, edges, edges))
     return runs
 
 

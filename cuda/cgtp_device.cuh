@@ -128,6 +128,15 @@ __device__ __forceinline__ void cgtp_copy_async(T* __restrict__ dst, const T* __
   }
 }
 
+// Zeros where `cgtp_copy_async<N, S, SP>` would copy: the slot of an edge whose values are never read.
+template <int N, int S, int SP>
+__device__ __forceinline__ void cgtp_zero_rows(T* __restrict__ dst, int lane) {
+#pragma unroll
+  for (int r = 0; r < N / S; ++r) {
+    for (int c = lane; c < S; c += 32) dst[r * SP + c] = T(0);
+  }
+}
+
 // The same as `cgtp_stage` (`count` elements, rows of `S` into rows of `SP`), copied asynchronously.
 template <int S, int SP>
 __device__ __forceinline__ void cgtp_stage_async(T* __restrict__ dst, const T* __restrict__ src, int count, int lane) {

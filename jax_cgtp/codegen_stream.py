@@ -104,19 +104,23 @@ def _emit_rows_issue(w: Writer, schedule: KernelSchedule, edge: str) -> None:
 
 
 def _emit_issue(w: Writer, schedule: KernelSchedule, edge: str, item: StreamItem, slot: str) -> None:
-    """Copy ``item`` of the tile's edge ``edge`` (nothing past the tile) into ring slot ``slot``;
-    one commit either way, so that every lane counts the same groups."""
+    """Copy ``item`` of the tile's edge ``edge`` (nothing past the tile) into ring slot ``slot``,
+    zeros for an edge out of range (its weights, NaN or Inf in a padded batch, are never read); one
+    commit either way, so that every lane counts the same groups."""
     stream = schedule.stream
     p = item.path
     w_dim = schedule.call.problem.operand_dim("w")
+    shape = f"{item.size}, {p.z_mul}, {stage_width(p.z_mul)}"
     w.open("")
     w("const int lane = cgtp_lane();  // read here, so that the copy's addresses are not held across edges")
     w(f"const int ta = {edge};")
     w.open("if (ta < count)")
     w(f"const long long ea = {tile_value(schedule, 'my_edge', 'ta')};")
-    w(f"cgtp_copy_async<{item.size}, {p.z_mul}, {stage_width(p.z_mul)}>(stage_ring + ({slot}) * {stream.slot}, "
-      f"in{dict(stream.arrays)['w']} + ea * {w_dim}LL + {p.w_offset + item.first * p.z_mul}, lane);  "
-      f"// path {p.ins_index}, rows [{item.first}, {item.first + item.rows})")
+    w(f"T* const slot_a = stage_ring + ({slot}) * {stream.slot};  // path {p.ins_index}, rows [{item.first}, "
+      f"{item.first + item.rows})")
+    w(f"if ({edge_ok('ta')}) cgtp_copy_async<{shape}>(slot_a, in{dict(stream.arrays)['w']} + ea * {w_dim}LL + "
+      f"{p.w_offset + item.first * p.z_mul}, lane);")
+    w(f"else cgtp_zero_rows<{shape}>(slot_a, lane);")
     w.close()
     w("cgtp_commit();")
     w.close()

@@ -149,9 +149,12 @@ def squared_norm_and_gradients(tp, x, y, w):
     return jax.value_and_grad(lambda *a: jnp.sum(tp(*a) ** 2), argnums=(0, 1, 2))(x, y, w)
 
 
-def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, shared=False, sorted_by_dst=False):
+def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, shared=False, sorted_by_dst=False,
+                 edit=None):
     """Inputs of ``conv``; the last 3 nodes receive no edge, ``bad_fraction`` of the edges are out
-    of range; ``sorted_by_dst`` orders the edges by destination (long runs of one node)."""
+    of range; ``sorted_by_dst`` orders the edges by destination (long runs of one node); ``edit``
+    maps ``(src, dst)`` to the graph's final indices (hubs, padding nodes). The edges left out of
+    range at the end are padding: their ``y`` rows (and per-edge ``w`` rows) are NaN and Inf."""
     keys = jax.random.split(key, 6)
     x = jax.random.normal(keys[0], (num_nodes, conv.irreps_in1.dim), dtype)
     y = jax.random.normal(keys[1], (num_edges, conv.irreps_in2.dim), dtype)
@@ -165,7 +168,20 @@ def random_graph(key, conv, num_nodes, num_edges, dtype, bad_fraction=0.0, share
         order = jnp.argsort(dst)
         y, src, dst = y[order], src[order], dst[order]
         w = w if shared else w[order]
+    if edit is not None:
+        src, dst = edit(src, dst)
+    padding = (src < 0) | (src >= num_nodes) | (dst < 0) | (dst >= num_nodes)
+    y, w = padding_values(padding, y, w)
     return x, y, w, src, dst
+
+
+def padding_values(bad, y, w):
+    """``y`` and per-edge ``w`` with the rows of the ``bad`` (padding) edges NaN and Inf, as a padded
+    batch's zero-length edge vectors make them: their values must never reach a result."""
+    y = jnp.where(bad[:, None], jnp.nan, y)
+    if w.ndim == 2:
+        w = jnp.where(bad[:, None], jnp.inf, w)
+    return y, w
 
 
 def grouping_index(edges: int, rows: int, order: str, dtype):

@@ -20,6 +20,7 @@ from family_members import (assert_close, conv_members, conv_second_derivatives,
                             second_derivatives,
                             spherical_harmonics_pair, squared_norm_and_gradients, uneven_chunks_pair, whole_chunks_pair,
                             wide_block_pair, with_sorted_graph)
+from padding_cases import assert_half_precision_rounds_once, assert_padding_contributes_nothing
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
@@ -110,6 +111,20 @@ def test_convolution_matches_reference(deterministic, seed):
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
     assert _launches() > before
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
+
+
+@pytest.mark.parametrize("deterministic, shared, dtype", [(False, False, jnp.float64), (True, False, jnp.float64),
+                                                          (False, True, jnp.float32), (True, True, jnp.float32)])
+def test_padding_edges_with_nan_and_inf_values_contribute_nothing(deterministic, shared, dtype):
+    before = _launches()
+    assert_padding_contributes_nothing("auto", deterministic, shared, dtype)
+    assert _launches() > before
+
+
+def test_half_precisions_accumulate_in_float32_and_round_once():
+    before = _launches()
+    assert_half_precision_rounds_once("auto", jnp.bfloat16, edges=300)
+    assert _launches() > before
 
 
 @pytest.mark.parametrize("call", ["product", "atomic", "deterministic"])
@@ -300,8 +315,9 @@ def test_atomic_forward_walks_each_runs_first_edges_and_adds_the_rest_on_every_w
     found no run longer than the cap: under a cap of 64); every member matches the reference."""
     planned_with(OWNED_RUN_CAP=cap)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
-    x, y, w, src, dst = random_graph(jax.random.PRNGKey(57), kernels, 9, 120, jnp.float64, bad_fraction=0.1)
-    dst = dst.at[::3].set(4)  # node 4 takes a third of the edges: a run of 40, five times the cap of 8
+    # node 4 takes a third of the edges: a run of 40, five times the cap of 8
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(57), kernels, 9, 120, jnp.float64, bad_fraction=0.1,
+                                     edit=lambda src, dst: (src, dst.at[::3].set(4)))
     conv = with_sorted_graph(kernels) if given == "graph" else kernels
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, conv, 9))(x, y, w, src, dst)
@@ -324,10 +340,10 @@ def test_deterministic_walks_split_long_runs_into_chunks_added_in_order(lockstep
     planned_with(RUN_CHUNK=4, DETERMINISTIC_BACKWARD_SLICE_BYTES=0, TILED_DETERMINISTIC_FORWARD=False,
                  **({"LOCKSTEP_WARPS": ((0, 2),)} if lockstep else {}))
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
+    # node 4 receives 40 edges: ten chunks (eight added at once); node 2 sends 30 edges (some of them
+    # to node 4): eight chunks, the last of 2
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(58), kernels, 9, 120, jnp.float64, bad_fraction=0.1,
-                                     shared=shared)
-    dst = dst.at[::3].set(4)  # node 4 receives 40 edges: ten chunks (eight added at once)
-    src = src.at[1::4].set(2)  # node 2 sends 30 edges (some of them to node 4): eight chunks, the last of 2
+                                     shared=shared, edit=lambda src, dst: (src.at[1::4].set(2), dst.at[::3].set(4)))
     conv = with_sorted_graph(kernels) if given == "graph" else kernels
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, conv, 9))(x, y, w, src, dst)
@@ -460,6 +476,12 @@ def _no_path_to_3o_pair():
                 jax_cgtp.TensorProductConv, "auto", deterministic=True)
 
 
+def _hub_and_node_of_padding_sources(src, dst):
+    """Node 4 receives a third of the edges; node 5's edges all come from out-of-range sources."""
+    dst = dst.at[::3].set(4)
+    return jnp.where(dst == 5, -1, src), dst
+
+
 @pytest.mark.parametrize("make_pair", [
     functools.partial(spherical_harmonics_pair, jax_cgtp.TensorProductConv, kernels="auto", deterministic=True),
     _no_path_to_3o_pair])
@@ -473,9 +495,8 @@ def test_deterministic_forward_in_tiles_sums_the_partial_rows_in_order(make_pair
     forward is the same bits twice."""
     planned_with(LOCKSTEP_WARPS=((0, 4),))
     kernels, reference = make_pair()
-    x, y, w, src, dst = random_graph(jax.random.PRNGKey(7), kernels, 12, 150, jnp.float64, bad_fraction=0.1)
-    dst = dst.at[::3].set(4)
-    src = jnp.where(dst == 5, -1, src)
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(7), kernels, 12, 150, jnp.float64, bad_fraction=0.1,
+                                     edit=_hub_and_node_of_padding_sources)
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, kernels, 12))(x, y, w, src, dst)
     launched = kernel_emulator.launched()[before:]

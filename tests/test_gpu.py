@@ -19,6 +19,7 @@ from family_members import (OWNED_FORWARD_RULE, assert_close, conv_members, conv
                             random_graph, relative_error, second_derivatives, spherical_harmonics_pair,
                             squared_norm_and_gradients, uneven_chunks_pair, whole_chunks_pair, wide_block_pair,
                             with_sorted_graph)
+from padding_cases import assert_half_precision_rounds_once, assert_padding_contributes_nothing
 from random_problems import random_inputs, random_problem
 
 import data_parallel
@@ -424,9 +425,8 @@ def test_deterministic_walks_in_lockstep_match_reference(dtype, long_runs, tiled
     that cross a tile's edge (``schedule.TILED_DETERMINISTIC_FORWARD``, the library's setting)."""
     planned_with(LOCKSTEP_WARPS=((0, 4),), TILED_DETERMINISTIC_FORWARD=tiled_forward)
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
-    x, y, w, src, dst = random_graph(jax.random.PRNGKey(47), cuda, 300, 5000, dtype, bad_fraction=0.05)
-    if long_runs:
-        src, dst = src.at[:1000].set(3), dst.at[2000:3000].set(7)
+    hubs = (lambda src, dst: (src.at[:1000].set(3), dst.at[2000:3000].set(7))) if long_runs else None
+    x, y, w, src, dst = random_graph(jax.random.PRNGKey(47), cuda, 300, 5000, dtype, bad_fraction=0.05, edit=hubs)
     _assert_conv_members_match(cuda, reference, 300, (x, y, w, src, dst), dtype)
 
 
@@ -564,10 +564,24 @@ def test_padded_graph_matches_reference(deterministic, shared, dtype):
     poisoned."""
     spec = random_problem(741, mode="uvu", lmax=2)
     cuda, reference = pair(spec, jax_cgtp.TensorProductConv, deterministic=deterministic)
-    x, y, w, src, dst = random_graph(jax.random.PRNGKey(41), cuda, 1200, 20_000, dtype, sorted_by_dst=True,
-                                     shared=shared)
-    src, dst = (a.at[16_500:19_500].set(1199).at[19_500:].set(1205) for a in (src, dst))
+    x, y, w, src, dst = random_graph(
+        jax.random.PRNGKey(41), cuda, 1200, 20_000, dtype, sorted_by_dst=True, shared=shared,
+        edit=lambda *ends: tuple(a.at[16_500:19_500].set(1199).at[19_500:].set(1205) for a in ends))
     _assert_conv_members_match(cuda, reference, 1200, (x, y, w, src, dst), dtype)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_padding_edges_with_nan_and_inf_values_contribute_nothing(deterministic, shared, dtype):
+    """Padding edges of every kind, their features NaN and weights Inf: forward, gradients, second
+    derivatives and JVPs equal the reference's on the real edges alone; ȳ and w̄ are exact zeros there."""
+    assert_padding_contributes_nothing("cuda", deterministic, shared, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_precisions_accumulate_in_float32_and_round_once(dtype):
+    assert_half_precision_rounds_once("cuda", dtype)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

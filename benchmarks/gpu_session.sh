@@ -48,6 +48,11 @@
 #                                     this tree is built and everything else runs as usual
 #   --ab ARGS        [AB_ARGS]        after the benchmark, python -m benchmarks.ab ARGS (word-split: variants
 #                                     without spaces), every round kept in ab.json; stopped at --seconds
+#   --sanitize ARGS  [SANITIZE_ARGS]  after the tests, python -m benchmarks.sanitize ARGS (word-split): its kernels
+#                                     compiled first (--precompile, in parallel), then one run under each of
+#                                     compute-sanitizer's tools SANITIZE_TOOLS (default "memcheck racecheck
+#                                     initcheck"), kernels named cgtp* only, with XLA's platform allocator:
+#                                     sanitizer-TOOL.log each; stopped at --seconds
 #   --ncu SPECS      [NCU_SPECS]      after the benchmark, profile each CONFIG:PHASE:DTYPE[:LIB[:SETTINGS]]
 #                                     of the comma-separated list with Nsight Compute (every kernel of one
 #                                     run after a warm-up; python -m benchmarks.profile; LIB jax_cgtp
@@ -61,7 +66,8 @@
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
 # gpu-tests-large.log, e2e.txt, edge-sharding.json, edge-sharding.txt, bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png,
 # bench-TAG-gpuK.json/txt/log (--per-gpu),
-# bench-TAG-base.json, bench-TAG-base.txt, ab.json, ncu.txt (pass -- --no-plots to drop the two PNGs).
+# bench-TAG-base.json, bench-TAG-base.txt, ab.json, ncu.txt, sanitizer-TOOL.log (pass -- --no-plots to drop the
+# two PNGs).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 
@@ -69,6 +75,7 @@ PHASES=${BENCH_PHASES:-}; CONFIGS=${BENCH_CONFIGS:-}; DTYPES=${BENCH_DTYPES:-}; 
 TAG=${BENCH_TAG:-}; SESSION_SECONDS=${SESSION_SECONDS:-570}; SKIP_TESTS=${SKIP_TESTS:-0}; SKIP_BENCH=${SKIP_BENCH:-0}; PYTEST_ARGS=${PYTEST_ARGS:-}; PYTEST_K=${PYTEST_K:-}
 PYTEST_WORKERS=${PYTEST_WORKERS:-4}; SKIP_LARGE=${SKIP_LARGE:-0}; RUN_E2E=${RUN_E2E:-0}; RUN_SHARDING=${RUN_SHARDING:-0}
 BENCH_PER_GPU=${BENCH_PER_GPU:-0}; BASE_TREE=${BASE_TREE:-}; NCU_SPECS=${NCU_SPECS:-}; AB_ARGS=${AB_ARGS:-}
+SANITIZE_ARGS=${SANITIZE_ARGS:-}; SANITIZE_TOOLS=${SANITIZE_TOOLS:-memcheck racecheck initcheck}
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -91,6 +98,7 @@ while [ $# -gt 0 ]; do
     --base) BASE_TREE=$2; shift 2 ;;
     --ab) AB_ARGS=$2; shift 2 ;;
     --ncu) NCU_SPECS=$2; shift 2 ;;
+    --sanitize) SANITIZE_ARGS=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "gpu_session.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -204,6 +212,24 @@ if [ "$SKIP_TESTS" != 1 ]; then
   fi
 fi
 
+sanitize_rc=0
+if [ -n "$SANITIZE_ARGS" ]; then
+  SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -n1)
+  step "benchmarks.sanitize $SANITIZE_ARGS: compile its kernels"
+  # shellcheck disable=SC2086
+  timeout "$(( SESSION_SECONDS - SECONDS ))" python3 -m benchmarks.sanitize $SANITIZE_ARGS --precompile 2>&1 | tail -n 3
+  for tool in $SANITIZE_TOOLS; do
+    step "compute-sanitizer --tool $tool (sanitizer-$tool.log)"
+    # shellcheck disable=SC2086
+    XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false \
+      timeout "$(( SESSION_SECONDS - 20 - SECONDS ))" "${SANITIZER:-compute-sanitizer}" --tool "$tool" \
+      --kernel-name kns=cgtp --print-limit 20 python3 -m benchmarks.sanitize $SANITIZE_ARGS >"$OUT/sanitizer-$tool.log" 2>&1
+    rc=$?
+    echo "$tool exit status $rc: $(grep -h 'ERROR SUMMARY\|run(s) not ok' "$OUT/sanitizer-$tool.log" | tr '\n' ' ')" | tee -a "$SETUP"
+    [ "$rc" = 0 ] || sanitize_rc=$rc
+  done
+fi
+
 if [ "$RUN_E2E" = 1 ]; then
   step "examples/bench_e2e.py (log: e2e.txt)"
   (cd examples && timeout "${E2E_SECONDS:-300}" python3 bench_e2e.py ${E2E_ARGS:-}) 2>&1 | tee "$OUT/e2e.txt" | tail -n 20
@@ -268,4 +294,4 @@ if [ -n "$NCU_SPECS" ]; then
 fi
 
 ls -la "$OUT"
-[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ] && [ "$ab_rc" = 0 ]
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ] && [ "$ab_rc" = 0 ] && [ "$sanitize_rc" = 0 ]

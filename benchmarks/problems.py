@@ -67,6 +67,9 @@ def build(name: str, backend: str = "auto") -> jax_cgtp.TensorProduct:
         return jax_cgtp.channelwise_tensor_product(
             config["irreps_in1"], config["irreps_in2"], filter_ir_out=keep, backend=backend
         )
+    if kind == "explicit":
+        return jax_cgtp.TensorProduct(config["irreps_in1"], config["irreps_in2"], config["irreps_out"],
+                                      config["instructions"], backend=backend)
     raise ValueError(f"config {name!r}: unknown kind {kind!r}")
 
 

@@ -9,12 +9,14 @@ import json
 import pathlib
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # the repository root: benchmarks/
 
-from benchmarks import configs, cost, edge_sharding, inputs, phases, problems, report, run, table  # noqa: E402
+from benchmarks import (configs, cost, edge_sharding, inputs, phases, problems, random_suite, report, run,  # noqa: E402
+                        sanitize, table)
 from benchmarks.peers import LIBRARIES  # noqa: E402
 import jax_cgtp  # noqa: E402
 from jax_cgtp import nvrtc  # noqa: E402
@@ -575,3 +577,33 @@ def test_edge_sharding_counts_the_bytes_every_all_reduce_carries():
     ])
     assert edge_sharding.all_reduced_bytes(hlo) == 4 * 250 * 3264 + 8 * 30 + 4 * 7
     assert edge_sharding.all_reduced_bytes("%x = f32[4]{0} add(%a, %b)") == 0
+
+
+def test_sanitizer_workload_runs_every_phase_on_padded_graphs(capsys):
+    """The product's three phases and both convolution variants' three phases, each once, with
+    padding edges of every kind (int64 indices past 2**32 among them) whose values are NaN: all finite."""
+    assert sanitize.main(["--configs", "tiny-uvu", "--random", "1", "--seed", "2", "--backend", "reference",
+                          "--edges", "40", "--cases", "float64:int64"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    runs = [line for line in lines if line.startswith(("tiny-uvu float64 int64", "random-2-0 float64 int64"))]
+    assert len(runs) == 2 * 9 and all(": ok (" in line for line in runs)
+    assert lines[-1] == "0 run(s) not ok"
+    src, dst, real = sanitize.padded_graph(64, 8, jnp.int64)
+    assert {-1, 8, 2**31 - 1, 2**32 + 3, -(2**40)} <= set(np.asarray(src).tolist()) | set(np.asarray(dst).tolist())
+    assert (~real).sum() == 15 and (np.asarray(dst)[-16:] == 7).all()
+
+
+def test_random_suite_draws_realistic_problems_of_every_family():
+    """The same problems for the same seed; every family among 40 problems; each builds into a
+    product whose multiplicities and l are those of MLIPs."""
+    names = random_suite.parse_suite("random:40:0")
+    assert names == random_suite.suite(40, 0) and len(names) == 40
+    families = {configs.CONFIGS[name]["family"] for name in names}
+    assert families == set(random_suite.FAMILIES)
+    for name in names:
+        config = configs.CONFIGS[name]
+        assert config == random_suite.random_config(int(config["source"].split()[-1]))
+        tp = problems.build(name, backend="reference")
+        assert tp.weight_numel > 0 and max(ir.l for _, ir in tp.irreps_in2) <= 5
+        assert config["shared_weights"] == (config["family"] == "self_connection")
+    assert random_suite.parse_suite("public") is None

@@ -17,7 +17,8 @@ from .graph import SortedGraph, check_index, check_node_count, graph_endpoints, 
 from .grouping import group_edges
 from .operands import BATCHED, INDEXED, SHARED
 from .schedule import owned_forward_is_faster
-from .tensor_product import TensorProduct, as_array, check_float_operands, check_static_shapes, check_trailing_dim
+from .tensor_product import (TensorProduct, as_array, check_float_operands, check_static_shapes, check_trailing_dim,
+                             no_weights_or_array)
 
 
 class TensorProductConv(TensorProduct):
@@ -47,7 +48,7 @@ class TensorProductConv(TensorProduct):
     def __repr__(self) -> str:
         return f"TensorProductConv({self.problem}, backend={self.backend!r}, deterministic={self.deterministic})"
 
-    def __call__(self, x_nodes, y_edges, w, src=None, dst=None, num_nodes=None, *, graph: SortedGraph | None = None):
+    def __call__(self, x_nodes, y_edges, w=None, src=None, dst=None, num_nodes=None, *, graph: SortedGraph | None = None):
         """Node features ``x_nodes (N_src, dim1)``, edge features ``y_edges (E, dim2)``, weights,
         int index arrays ``src, dst (E,)`` and the static output node count -> ``(num_nodes, dim_out)``.
 
@@ -64,7 +65,8 @@ class TensorProductConv(TensorProduct):
         if src is None or dst is None or num_nodes is None:
             raise ValueError("src, dst, num_nodes: all three are needed (or graph=)")
         num_nodes = check_node_count("num_nodes", num_nodes)
-        x_nodes, y_edges, w = as_array("x_nodes", x_nodes), as_array("y_edges", y_edges), as_array("w", w)
+        x_nodes, y_edges = as_array("x_nodes", x_nodes), as_array("y_edges", y_edges)
+        w = no_weights_or_array(problem, w, x_nodes)
         dtype = check_float_operands(x_nodes=x_nodes, y_edges=y_edges, w=w)
         check_static_shapes(x_nodes=x_nodes, y_edges=y_edges, w=w)
         check_trailing_dim("x_nodes", x_nodes, problem.irreps_in1.dim, f"irreps_in1 {problem.irreps_in1}")

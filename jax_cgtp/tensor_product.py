@@ -28,6 +28,16 @@ def as_array(name: str, value):
     return array
 
 
+def no_weights_or_array(problem: Problem, w, like):
+    """``w`` as an array (:func:`as_array`); ``None`` only where ``problem`` has no weights, as an empty
+    array of ``like``'s dtype."""
+    if w is not None:
+        return as_array("w", w)
+    if problem.weight_numel:
+        raise ValueError(f"w: this tensor product needs {problem.weight_numel} weights, got None")
+    return jnp.zeros((0,), jnp.result_type(like))
+
+
 def check_float_operands(**arrays) -> jnp.dtype:
     """The common floating dtype of the named arrays; ``TypeError`` naming the culprit otherwise."""
     dtypes = {}
@@ -119,11 +129,7 @@ class TensorProduct:
         """``T(x, y, w)`` for ``x (..., dim1)``, ``y (..., dim2)`` and ``w`` either shared
         ``(weight_numel,)`` or per sample ``(..., weight_numel)``; leading shapes broadcast."""
         problem = self.problem
-        if w is None:
-            if problem.weight_numel:
-                raise ValueError(f"w: this tensor product needs {problem.weight_numel} weights, got None")
-            w = jnp.zeros((0,), jnp.result_type(as_array("x", x)))
-        x, y, w = as_array("x", x), as_array("y", y), as_array("w", w)
+        x, y, w = as_array("x", x), as_array("y", y), no_weights_or_array(problem, w, x)
         dtype = check_float_operands(x=x, y=y, w=w)
         check_static_shapes(x=x, y=y, w=w)
         check_trailing_dim("x", x, problem.irreps_in1.dim, f"irreps_in1 {problem.irreps_in1}")

@@ -130,3 +130,12 @@ def test_inputs_that_are_not_arrays_name_the_argument(name, value):
     args[name] = value
     with pytest.raises(TypeError, match=rf"{name}: expected"):
         tp(**args)
+
+
+def test_weights_may_be_left_out_only_where_there_are_none():
+    unweighted = jax_cgtp.TensorProductConv("2x0e", "0e", "2x0e", [(0, 0, 0, "uvu", False)])
+    out = unweighted([[1.0, 2.0], [3.0, 4.0]], [[2.0], [1.0]], src=[0, 1], dst=[1, 1], num_nodes=2)
+    np.testing.assert_allclose(out, [[0.0, 0.0], [5.0, 8.0]])
+    weighted = jax_cgtp.TensorProductConv("2x0e", "0e", "2x0e", [(0, 0, 0, "uvu", True)])
+    with pytest.raises(ValueError, match=r"w: this tensor product needs 2 weights, got None"):
+        weighted([[1.0, 2.0]], [[1.0]], None, [0], [0], 1)

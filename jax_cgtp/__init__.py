@@ -9,6 +9,7 @@
 
 from . import e3nn
 from .conv import TensorProductConv, check_graph
+from .e3nn_switch import replacing_e3nn
 from .graph import SortedGraph, sort_graph
 from .problem import Instruction, Problem, make_problem
 from .tensor_product import (
@@ -28,6 +29,7 @@ __all__ = [
     "e3nn",
     "fully_connected_tensor_product",
     "make_problem",
+    "replacing_e3nn",
     "sort_graph",
 ]
 __version__ = "0.1.0"

@@ -182,6 +182,17 @@ def _gather(array, index):
     return array if index is None else jnp.take(array, index, axis=-1)
 
 
+def _irreps_array(irreps: e3nn.Irreps, array, zero_flags) -> e3nn.IrrepsArray:
+    """``array`` as an :class:`e3nn_jax.IrrepsArray` whose chunks are pieces of one split of it, so
+    that the cotangents of the chunks that later operations read join in one concatenation (chunks
+    sliced one by one would each transpose to a padded copy of the whole array)."""
+    bounds = np.cumsum([mul_ir.dim for mul_ir in irreps])[:-1]
+    pieces = jnp.split(array, bounds, axis=-1) if len(irreps) > 1 else [array]
+    chunks = [None if zero else piece.reshape(array.shape[:-1] + (mul, ir.dim))
+              for zero, piece, (mul, ir) in zip(zero_flags, pieces, irreps)]
+    return e3nn.IrrepsArray(irreps, array, zero_flags=zero_flags, chunks=chunks)
+
+
 def _with_exact_path_weights(tp: TensorProduct, path_weights: Sequence[float]) -> TensorProduct:
     """``tp`` with its normalised path weights replaced by ``path_weights`` (no rounding)."""
     instructions = tuple(
@@ -268,22 +279,37 @@ class FunctionalTensorProduct:
         extended = len(in1) > len(self.irreps_in1)
         self._gather1 = np.asarray(gather1, np.int32) if extended else None
         self._gather2 = np.asarray(gather2, np.int32) if extended else None
-        tp = TensorProduct(in1, in2, self.irreps_out, instructions, backend=backend)
-        self._tp = _with_exact_path_weights(tp, [ins.path_weight for ins in self.instructions])
+        self._operands = (in1, in2, instructions, backend)
+        self._products = {}
 
     @property
     def weight_numel(self) -> int:
-        return self._tp.weight_numel
+        return sum(math.prod(ins.path_shape) for ins in self.instructions if ins.has_weight)
 
-    def _zero_flags(self, flags1, flags2) -> tuple[bool, ...]:
-        """e3nn's: an output block is zero unless a path with nonempty blocks reads nonzero inputs."""
-        live = {
-            ins.i_out
+    def _live(self, flags1, flags2) -> tuple[bool, ...]:
+        """e3nn's: an instruction contributes unless it reads a zero chunk or a block is empty."""
+        return tuple(
+            not (flags1[ins.i_in1] or flags2[ins.i_in2])
+            and bool(self.irreps_in1[ins.i_in1].dim and self.irreps_in2[ins.i_in2].dim and self.irreps_out[ins.i_out].dim)
             for ins in self.instructions
-            if not (flags1[ins.i_in1] or flags2[ins.i_in2])
-            and self.irreps_in1[ins.i_in1].dim and self.irreps_in2[ins.i_in2].dim and self.irreps_out[ins.i_out].dim
-        }
-        return tuple(k not in live for k in range(len(self.irreps_out)))
+        )
+
+    def _product(self, live: tuple[bool, ...]):
+        """``(TensorProduct, columns)``: the product of the ``live`` instructions (as e3nn-jax skips a
+        path that reads a zero chunk, so does the arithmetic), and the columns of the flat weights
+        they read (None: every column)."""
+        if live not in self._products:
+            in1, in2, instructions, backend = self._operands
+            keep = [n for n, alive in enumerate(live) if alive]
+            tp = TensorProduct(in1, in2, self.irreps_out, [instructions[n] for n in keep], backend=backend)
+            tp = _with_exact_path_weights(tp, [self.instructions[n].path_weight for n in keep])
+            columns = None
+            if not all(live):
+                sizes = [math.prod(ins.path_shape) if ins.has_weight else 0 for ins in self.instructions]
+                starts = np.cumsum([0] + sizes)
+                columns = np.concatenate([np.arange(starts[n], starts[n + 1]) for n in keep] + [np.zeros(0, int)])
+            self._products[live] = (tp, columns)
+        return self._products[live]
 
     def _flat_weights(self, weights):
         """One weight array ``(..., weight_numel)``, or ``None`` when a list of none is given."""
@@ -319,8 +345,14 @@ class FunctionalTensorProduct:
         leading = _broadcast("input1, input2, weights", x.shape[:-1], y.shape[:-1], w.shape[:-1])
         if 0 in (self.irreps_in1.dim, self.irreps_in2.dim, self.irreps_out.dim):
             return e3nn.zeros(self.irreps_out, leading, dtype)
-        z = self._tp(_gather(x, self._gather1), _gather(y, self._gather2), w)
-        return e3nn.IrrepsArray(self.irreps_out, z, zero_flags=self._zero_flags(flags1, flags2))
+        live = self._live(flags1, flags2)
+        zero_flags = tuple(k not in {ins.i_out for ins, alive in zip(self.instructions, live) if alive}
+                           for k in range(len(self.irreps_out)))
+        if not any(live):
+            return e3nn.zeros(self.irreps_out, leading, dtype)
+        tp, columns = self._product(live)
+        z = tp(_gather(x, self._gather1), _gather(y, self._gather2), _gather(w, columns))
+        return _irreps_array(self.irreps_out, z, zero_flags)
 
     def right(self, weights, input2=None, *, custom_einsum_jvp=None):
         """The matrix ``M (..., irreps_in1.dim, irreps_out.dim)`` with ``left_right(w, x, y) = x @ M``."""
@@ -463,38 +495,74 @@ def _blocks(irreps: e3nn.Irreps, zero_flags, regroup: bool):
     return merged
 
 
+class _Operand:
+    """A :func:`tensor_product` operand as the product reads it: the array's own blocks as they lie
+    (its irreps simplified: adjacent equal irreps are one block, the columns unchanged), then blocks
+    of gathered copies of its rows where a path needs them."""
+
+    def __init__(self, irreps: e3nn.Irreps):
+        self.irreps = list(irreps.simplify())
+        self.columns = list(range(irreps.dim))
+        offsets = np.cumsum([0] + [mul_ir.dim for mul_ir in self.irreps])
+        self.own = {(ir, tuple(int(start) + u * ir.dim for u in range(mul))): n
+                    for n, ((mul, ir), start) in enumerate(zip(self.irreps, offsets))}
+
+    def block(self, ir, rows) -> int | None:
+        """The index of the array's own block of exactly these rows of ``ir``, if there is one."""
+        return self.own.get((ir, tuple(rows)))
+
+    def copies(self, ir, rows) -> int:
+        """The index of a new block of copies of ``rows`` (feature offsets of ``ir`` rows)."""
+        self.columns += [r + i for r in rows for i in range(ir.dim)]
+        self.irreps.append((len(rows), ir))
+        return len(self.irreps) - 1
+
+    def gather(self):
+        """The columns to take from the array (None: the array as it is)."""
+        gathered = len(self.columns) > sum(mul * ir.dim for mul, ir in self.irreps[: len(self.own)])
+        return np.asarray(self.columns, np.int32) if gathered else None
+
+
 @functools.lru_cache(maxsize=256)
 def _tensor_product_plan(irreps1, flags1, irreps2, flags2, filter_ir_out, irrep_normalization, regroup, backend):
     """``(TensorProduct or None, gather1, gather2, irreps_out, zero_flags)`` for :func:`tensor_product`.
 
-    Every pair of blocks ``(mul1 x ir1, mul2 x ir2)`` becomes one block of ``mul1 * mul2``
-    gathered copies of each input (row ``u * mul2 + v`` holds ``x[u]`` and ``y[v]``), and each
-    kept ``ir_out`` an unweighted ``uuu`` path: ``z[uv] = sqrt(dim factor) C x[u] y[v]``.
-    Output blocks are laid out in sorted order directly.
+    Every pair of blocks ``(mul1 x ir1, mul2 x ir2)`` gives one output block of ``mul1 * mul2`` rows
+    (row ``u * mul2 + v`` from ``x[u]`` and ``y[v]``) for each kept ``ir_out``, by an unweighted path
+    ``z[uv] = sqrt(dim factor) C x[u] y[v]``. Where one of the two blocks has one row and both lie in
+    their arrays as they are (MACE's messages: node features times each harmonic), that is a ``uvu``
+    (or ``uvv``) path on the arrays themselves; otherwise a ``uuu`` path on gathered copies of the
+    rows. A pair with a zero chunk gives a zero block and no path. Output blocks are laid out in
+    sorted order directly.
     """
-    blocks1 = _blocks(irreps1, flags1, regroup)
-    blocks2 = _blocks(irreps2, flags2, regroup)
-    in1, in2, gather1, gather2, out, zero, paths = [], [], [], [], [], [], []
-    for ir1, rows1, zero1 in blocks1:
-        for ir2, rows2, zero2 in blocks2:
+    operands = _Operand(irreps1), _Operand(irreps2)
+    out, zero, paths = [], [], []
+    for ir1, rows1, zero1 in _blocks(irreps1, flags1, regroup):
+        for ir2, rows2, zero2 in _blocks(irreps2, flags2, regroup):
             kept = [ir for ir in ir1 * ir2 if filter_ir_out is None or ir in filter_ir_out]
             if not kept:
                 continue
-            gather1 += [r + i for r in rows1 for _ in rows2 for i in range(ir1.dim)]
-            gather2 += [r + j for _ in rows1 for r in rows2 for j in range(ir2.dim)]
+            live = not (zero1 or zero2)
+            own = operands[0].block(ir1, rows1), operands[1].block(ir2, rows2)
+            if live and None not in own and 1 in (len(rows1), len(rows2)):
+                (i1, i2), mode = own, "uvu" if len(rows2) == 1 else "uvv"
+            elif live:
+                i1 = operands[0].copies(ir1, [r for r in rows1 for _ in rows2])
+                i2 = operands[1].copies(ir2, [r for _ in rows1 for r in rows2])
+                mode = "uuu"
             for ir in kept:
-                paths.append((len(in1), len(in2), len(out), "uuu", False))
+                if live:
+                    paths.append((i1, i2, len(out), mode, False))
                 out.append((len(rows1) * len(rows2), ir))
-                zero.append(zero1 or zero2)
-            in1.append((len(rows1) * len(rows2), ir1))
-            in2.append((len(rows1) * len(rows2), ir2))
+                zero.append(not live)
     irreps_out, permutation, inverse = e3nn.Irreps(out).sort()
     zero = tuple(zero[i] for i in inverse)
-    if not any(mul for mul, _ in irreps_out):
+    if not paths or not any(mul for mul, _ in irreps_out):
         return None, None, None, irreps_out, zero
     paths = [(i1, i2, permutation[io], mode, w) for i1, i2, io, mode, w in paths]
-    tp = TensorProduct(in1, in2, irreps_out, paths, irrep_normalization=irrep_normalization, backend=backend)
-    return tp, np.asarray(gather1, np.int32), np.asarray(gather2, np.int32), irreps_out, zero
+    tp = TensorProduct(operands[0].irreps, operands[1].irreps, irreps_out, paths,
+                       irrep_normalization=irrep_normalization, backend=backend)
+    return tp, operands[0].gather(), operands[1].gather(), irreps_out, zero
 
 
 def tensor_product(
@@ -532,8 +600,8 @@ def tensor_product(
     if tp is None:
         z = jnp.zeros(leading + (irreps_out.dim,), dtype)
     else:
-        z = tp(jnp.take(input1.array.astype(dtype), gather1, axis=-1), jnp.take(input2.array.astype(dtype), gather2, axis=-1))
-    output = e3nn.IrrepsArray(irreps_out, z, zero_flags=zero)
+        z = tp(_gather(input1.array.astype(dtype), gather1), _gather(input2.array.astype(dtype), gather2))
+    output = _irreps_array(irreps_out, z, zero)
     return output.simplify() if regroup_output else output
 
 

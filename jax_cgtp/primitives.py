@@ -166,7 +166,8 @@ def _batch(args, dims, *, call, backend):
 
     A role is *mapped* if one of its inputs is, or if it is a SHARED or INDEXED output (each
     slice gets its own). BATCHED arrays become ``(V*E, dim)``; a mapped SHARED role becomes
-    INDEXED with V rows and index ``e // E``; a mapped INDEXED role with N rows becomes V*N rows,
+    INDEXED with V rows and index ``e // E`` (BATCHED where each slice has one edge: a vmapped
+    per-sample product); a mapped INDEXED role with N rows becomes V*N rows,
     its index shifted by ``v*N``. Unmapped inputs of a mapped role are broadcast. Deterministic
     calls (and walks in sorted order) re-sort the folded indices. Outputs come back mapped at axis 0.
     """
@@ -204,7 +205,9 @@ def _batch(args, dims, *, call, backend):
             if kinds[role] == INDEXED:
                 new_indices[role] = folded_index[role]
             continue
-        if kinds[role] == SHARED:
+        if kinds[role] == SHARED and edges == 1:  # one row per slice: per edge, no index
+            kinds[role] = BATCHED
+        elif kinds[role] == SHARED:
             kinds[role], rows[role] = INDEXED, size
             new_indices[role] = jnp.arange(size * edges, dtype=jnp.int32) // max(edges, 1)
         else:

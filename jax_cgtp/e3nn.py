@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .problem import MODES
-from .tensor_product import TensorProduct
+from .tensor_product import TensorProduct, check_trailing_dim
 
 E3NN_MODES = MODES + ("uvuv", "uvu<v", "u<vw")
 _NORMALIZATION_EXPONENT = {"element": 0.0, "path": 1.0}
@@ -179,18 +179,48 @@ def _rows(irreps, index: int, muls: Sequence[int]) -> list[int]:
 
 
 def _gather(array, index):
-    return array if index is None else jnp.take(array, index, axis=-1)
+    """``array[..., index]`` for static ``index`` (None: the array itself): static slices of its
+    runs of consecutive columns, concatenated (XLA fuses them; a gather it would not)."""
+    if index is None:
+        return array
+    index = np.asarray(index)
+    if index.size == array.shape[-1] and (index == np.arange(index.size)).all():
+        return array
+    breaks = np.flatnonzero(np.diff(index) != 1) + 1
+    runs = np.split(index, breaks) if index.size else []
+    pieces = [array[..., int(run[0]) : int(run[-1]) + 1] for run in runs]
+    return jnp.concatenate(pieces, axis=-1) if pieces else array[..., :0]
 
 
-def _irreps_array(irreps: e3nn.Irreps, array, zero_flags) -> e3nn.IrrepsArray:
-    """``array`` as an :class:`e3nn_jax.IrrepsArray` whose chunks are pieces of one split of it, so
-    that the cotangents of the chunks that later operations read join in one concatenation (chunks
-    sliced one by one would each transpose to a padded copy of the whole array)."""
-    bounds = np.cumsum([mul_ir.dim for mul_ir in irreps])[:-1]
-    pieces = jnp.split(array, bounds, axis=-1) if len(irreps) > 1 else [array]
-    chunks = [None if zero else piece.reshape(array.shape[:-1] + (mul, ir.dim))
-              for zero, piece, (mul, ir) in zip(zero_flags, pieces, irreps)]
-    return e3nn.IrrepsArray(irreps, array, zero_flags=zero_flags, chunks=chunks)
+def _block_columns(irreps, blocks, columns=None) -> np.ndarray:
+    """The columns of ``blocks`` (indices into ``irreps``, in order) of an array laid out as
+    ``irreps``; through ``columns`` (that array's columns in another), if given."""
+    starts = np.cumsum([0] + [mul * ir.dim for mul, ir in irreps])
+    own = np.concatenate([np.arange(starts[b], starts[b + 1]) for b in blocks] + [np.zeros(0, int)])
+    return own if columns is None else np.asarray(columns)[own]
+
+
+def _live_outputs(irreps_out: e3nn.Irreps, zero_flags, instructions):
+    """The irreps of the output blocks that are not zero chunks, and ``instructions`` (tuples whose
+    third entry indexes ``irreps_out``) renumbered into them: a product computes these blocks alone."""
+    index = {k: n for n, k in enumerate(k for k, zero in enumerate(zero_flags) if not zero)}
+    live = e3nn.Irreps([irreps_out[k] for k in index])
+    return live, [(i1, i2, index[k], *rest) for i1, i2, k, *rest in instructions]
+
+
+def _irreps_array(irreps: e3nn.Irreps, live_array, zero_flags) -> e3nn.IrrepsArray:
+    """An :class:`e3nn_jax.IrrepsArray` of ``irreps`` from the array of its blocks that are not zero
+    chunks (:func:`_live_outputs`): its chunks are pieces of one split of that array, so the
+    cotangents of the chunks that later operations read join in one concatenation (chunks sliced
+    one by one would each transpose to a padded copy of the whole array), and zero chunks are
+    never computed or stored."""
+    live = [mul_ir for mul_ir, zero in zip(irreps, zero_flags) if not zero]
+    bounds = np.cumsum([mul_ir.dim for mul_ir in live])[:-1]
+    pieces = iter(jnp.split(live_array, bounds, axis=-1) if len(live) > 1 else [live_array])
+    leading = live_array.shape[:-1]
+    chunks = [None if zero else next(pieces).reshape(leading + (mul, ir.dim))
+              for zero, (mul, ir) in zip(zero_flags, irreps)]
+    return e3nn.from_chunks(irreps, chunks, leading, live_array.dtype)
 
 
 def _with_exact_path_weights(tp: TensorProduct, path_weights: Sequence[float]) -> TensorProduct:
@@ -294,21 +324,31 @@ class FunctionalTensorProduct:
             for ins in self.instructions
         )
 
+    def _output_zeros(self, live: tuple[bool, ...]) -> tuple[bool, ...]:
+        """e3nn's zero flags of the output: the blocks no ``live`` instruction writes."""
+        written = {ins.i_out for ins, alive in zip(self.instructions, live) if alive}
+        return tuple(k not in written for k in range(len(self.irreps_out)))
+
     def _product(self, live: tuple[bool, ...]):
-        """``(TensorProduct, columns)``: the product of the ``live`` instructions (as e3nn-jax skips a
-        path that reads a zero chunk, so does the arithmetic), and the columns of the flat weights
-        they read (None: every column)."""
+        """``(TensorProduct, (blocks1, columns1), (blocks2, columns2), weight_columns)``: the product
+        of the ``live`` instructions (as e3nn-jax skips a path that reads a zero chunk, so does the
+        arithmetic), over the input blocks they read and the output blocks they write; the blocks of
+        each input it reads, or the columns of its array where it reads gathered copies (e3nn's
+        ``uvuv``, ``uvu<v``, ``u<vw``), and the columns of the flat weights it takes."""
         if live not in self._products:
             in1, in2, instructions, backend = self._operands
             keep = [n for n, alive in enumerate(live) if alive]
-            tp = TensorProduct(in1, in2, self.irreps_out, [instructions[n] for n in keep], backend=backend)
+            irreps_out, kept = _live_outputs(self.irreps_out, self._output_zeros(live), [instructions[n] for n in keep])
+            used1 = sorted({i1 for i1, *_ in kept})
+            used2 = sorted({i2 for _, i2, *_ in kept})
+            kept = [(used1.index(i1), used2.index(i2), *rest) for i1, i2, *rest in kept]
+            tp = TensorProduct([in1[b] for b in used1], [in2[b] for b in used2], irreps_out, kept, backend=backend)
             tp = _with_exact_path_weights(tp, [self.instructions[n].path_weight for n in keep])
-            columns = None
-            if not all(live):
-                sizes = [math.prod(ins.path_shape) if ins.has_weight else 0 for ins in self.instructions]
-                starts = np.cumsum([0] + sizes)
-                columns = np.concatenate([np.arange(starts[n], starts[n + 1]) for n in keep] + [np.zeros(0, int)])
-            self._products[live] = (tp, columns)
+            operands = [(used, None if gather is None else _block_columns(e3nn.Irreps(blocks), used, gather))
+                        for used, blocks, gather in ((used1, in1, self._gather1), (used2, in2, self._gather2))]
+            sizes = [math.prod(ins.path_shape) if ins.has_weight else 0 for ins in self.instructions]
+            weights = _block_columns([(size, e3nn.Irrep("0e")) for size in sizes], keep)
+            self._products[live] = (tp, *operands, weights)
         return self._products[live]
 
     def _flat_weights(self, weights):
@@ -336,22 +376,22 @@ class FunctionalTensorProduct:
         del custom_einsum_jvp, fused, sparse
         if input2 is None:
             weights, input1, input2 = [], weights, input1
-        x, flags1 = _operand("input1", input1, self.irreps_in1)
-        y, flags2 = _operand("input2", input2, self.irreps_in2)
+        x = _operand("input1", input1, self.irreps_in1)
+        y = _operand("input2", input2, self.irreps_in2)
+        flags1, flags2 = x.zero_flags, y.zero_flags
         w = self._flat_weights(weights)
-        dtype = _common_dtype(x, y, *([] if w is None else [w]))
-        w = jnp.zeros((0,), dtype) if w is None else w
-        x, y, w = (jnp.asarray(a, dtype) for a in (x, y, w))
+        dtype = _common_dtype(x.array, y.array, *([] if w is None else [w]))
+        w = jnp.zeros((0,), dtype) if w is None else jnp.asarray(w, dtype)
+        check_trailing_dim("w", w, self.weight_numel, "the weights")
         leading = _broadcast("input1, input2, weights", x.shape[:-1], y.shape[:-1], w.shape[:-1])
         if 0 in (self.irreps_in1.dim, self.irreps_in2.dim, self.irreps_out.dim):
             return e3nn.zeros(self.irreps_out, leading, dtype)
         live = self._live(flags1, flags2)
-        zero_flags = tuple(k not in {ins.i_out for ins, alive in zip(self.instructions, live) if alive}
-                           for k in range(len(self.irreps_out)))
+        zero_flags = self._output_zeros(live)
         if not any(live):
             return e3nn.zeros(self.irreps_out, leading, dtype)
-        tp, columns = self._product(live)
-        z = tp(_gather(x, self._gather1), _gather(y, self._gather2), _gather(w, columns))
+        tp, (blocks1, columns1), (blocks2, columns2), weights = self._product(live)
+        z = tp(_blocks_of(x, blocks1, columns1, dtype), _blocks_of(y, blocks2, columns2, dtype), _gather(w, weights))
         return _irreps_array(self.irreps_out, z, zero_flags)
 
     def right(self, weights, input2=None, *, custom_einsum_jvp=None):
@@ -359,7 +399,7 @@ class FunctionalTensorProduct:
         del custom_einsum_jvp
         if input2 is None:
             weights, input2 = [], weights
-        y, _ = _operand("input2", input2, self.irreps_in2)
+        y = _operand("input2", input2, self.irreps_in2).array
         dim1 = self.irreps_in1.dim
         w = self._flat_weights(weights)
         basis = jnp.eye(dim1, dtype=_common_dtype(y, *([] if w is None else [w]))).reshape(
@@ -427,17 +467,27 @@ def _irreps(value, name: str) -> e3nn.Irreps:
         raise ValueError(f"{name}: expected irreps such as '16x0e+8x1o', got {value!r} ({error})") from None
 
 
-def _operand(name: str, value, irreps: e3nn.Irreps):
-    """``(array, zero_flags per block of irreps)`` of an IrrepsArray (or a plain array laid out as ``irreps``)."""
+def _operand(name: str, value, irreps: e3nn.Irreps) -> e3nn.IrrepsArray:
+    """An IrrepsArray (or a plain array laid out as ``irreps``) as an IrrepsArray chunked as ``irreps``."""
     if isinstance(value, e3nn.IrrepsArray):
         if value.irreps.simplify() != irreps.simplify():
             raise ValueError(f"{name}: expected irreps {irreps}, got an IrrepsArray of {value.irreps}")
-        value = value.rechunk(irreps)
-        return value.array, value.zero_flags
+        return value.rechunk(irreps)
     shape = jnp.shape(value)
     if len(shape) == 0 or shape[-1] != irreps.dim:
         raise ValueError(f"{name}: expected an IrrepsArray of {irreps} or an array (..., {irreps.dim}), got shape {shape}")
-    return value, (False,) * len(irreps)
+    return e3nn.IrrepsArray(irreps, value)
+
+
+def _blocks_of(value: e3nn.IrrepsArray, blocks, columns, dtype):
+    """The blocks ``blocks`` of ``value`` side by side, from its chunks (a chunk computed by the
+    caller is read as it is: an indexed IrrepsArray gathers its live chunks alone); from its
+    ``columns`` where a product reads gathered copies (None: the array as it is)."""
+    if columns is not None:
+        return _gather(jnp.asarray(value.array, dtype), columns)
+    leading = value.array.shape[:-1]
+    pieces = [jnp.asarray(value.chunks[b], dtype).reshape(leading + (-1,)) for b in blocks]
+    return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=-1)
 
 
 def _common_dtype(*arrays, integer_dtype=jnp.float32):
@@ -559,8 +609,9 @@ def _tensor_product_plan(irreps1, flags1, irreps2, flags2, filter_ir_out, irrep_
     zero = tuple(zero[i] for i in inverse)
     if not paths or not any(mul for mul, _ in irreps_out):
         return None, None, None, irreps_out, zero
-    paths = [(i1, i2, permutation[io], mode, w) for i1, i2, io, mode, w in paths]
-    tp = TensorProduct(operands[0].irreps, operands[1].irreps, irreps_out, paths,
+    live_out, paths = _live_outputs(irreps_out, zero, [(i1, i2, permutation[io], mode, w)
+                                                       for i1, i2, io, mode, w in paths])
+    tp = TensorProduct(operands[0].irreps, operands[1].irreps, live_out, paths,
                        irrep_normalization=irrep_normalization, backend=backend)
     return tp, operands[0].gather(), operands[1].gather(), irreps_out, zero
 
@@ -598,10 +649,10 @@ def tensor_product(
         filter_ir_out, irrep_normalization, regroup_output, backend,
     )
     if tp is None:
-        z = jnp.zeros(leading + (irreps_out.dim,), dtype)
+        output = e3nn.zeros(irreps_out, leading, dtype)
     else:
         z = tp(_gather(input1.array.astype(dtype), gather1), _gather(input2.array.astype(dtype), gather2))
-    output = _irreps_array(irreps_out, z, zero)
+        output = _irreps_array(irreps_out, z, zero)
     return output.simplify() if regroup_output else output
 
 

@@ -91,7 +91,8 @@ def _sums_by_components(ins: Instruction, output: str) -> bool:
     multiplicity, that is where every letter of its operands that the output lacks has one channel
     (the weights of ``uvu``, ``uvv``, ``uuu`` carry no other letter; ``v`` of MLIPs' harmonics has one).
     A sum over channels is a matrix product, which the dense contraction runs as one; the
-    elementwise sums are loops XLA fuses, 4-10x faster on CPU (``benchmarks.cpu_strategies``)."""
+    elementwise sums are loops XLA fuses. Measured on 2 CPU cores, NequIP's product at 2,816 edges
+    (milliseconds, summed / dense): z 1.9 / 8.0, x̄ 1.4 / 12.8, w̄ 0.8 / 11.3, and ȳ, a sum over u, 12.5 / 8.6."""
     if ins.mode not in ("uvu", "uvv", "uuu"):
         return False
     size = {"u": ins.mul_in1, "v": ins.mul_in2, "w": ins.mul_out}

@@ -546,31 +546,46 @@ def _blocks(irreps: e3nn.Irreps, zero_flags, regroup: bool):
 
 
 class _Operand:
-    """A :func:`tensor_product` operand as the product reads it: the array's own blocks as they lie
-    (its irreps simplified: adjacent equal irreps are one block, the columns unchanged), then blocks
-    of gathered copies of its rows where a path needs them."""
+    """A :func:`tensor_product` operand as the product reads it: those of the array's own blocks
+    that a path reads (its irreps simplified: adjacent equal irreps are one block, the columns
+    unchanged), then blocks of gathered copies of its rows where a path needs them."""
 
     def __init__(self, irreps: e3nn.Irreps):
-        self.irreps = list(irreps.simplify())
-        self.columns = list(range(irreps.dim))
-        offsets = np.cumsum([0] + [mul_ir.dim for mul_ir in self.irreps])
-        self.own = {(ir, tuple(int(start) + u * ir.dim for u in range(mul))): n
-                    for n, ((mul, ir), start) in enumerate(zip(self.irreps, offsets))}
+        self.simple = irreps == irreps.simplify()  # its chunks are its own blocks
+        self.own = list(irreps.simplify())
+        self.starts = np.cumsum([0] + [mul_ir.dim for mul_ir in self.own])
+        self.by_rows = {(ir, tuple(int(start) + u * ir.dim for u in range(mul))): n
+                        for n, ((mul, ir), start) in enumerate(zip(self.own, self.starts))}
+        self.used, self.copied = set(), []
 
-    def block(self, ir, rows) -> int | None:
-        """The index of the array's own block of exactly these rows of ``ir``, if there is one."""
-        return self.own.get((ir, tuple(rows)))
+    def block(self, ir, rows):
+        """The key of the array's own block of exactly these rows of ``ir``, if there is one."""
+        n = self.by_rows.get((ir, tuple(rows)))
+        return None if n is None else ("own", n)
 
-    def copies(self, ir, rows) -> int:
-        """The index of a new block of copies of ``rows`` (feature offsets of ``ir`` rows)."""
-        self.columns += [r + i for r in rows for i in range(ir.dim)]
-        self.irreps.append((len(rows), ir))
-        return len(self.irreps) - 1
+    def read(self, key):
+        """``key`` (of :meth:`block`), marked as read by a path."""
+        self.used.add(key[1])
+        return key
 
-    def gather(self):
-        """The columns to take from the array (None: the array as it is)."""
-        gathered = len(self.columns) > sum(mul * ir.dim for mul, ir in self.irreps[: len(self.own)])
-        return np.asarray(self.columns, np.int32) if gathered else None
+    def copies(self, ir, rows):
+        """The key of a new block of copies of ``rows`` (feature offsets of ``ir`` rows)."""
+        self.copied.append((len(rows), ir, [r + i for r in rows for i in range(ir.dim)]))
+        return "copy", len(self.copied) - 1
+
+    def layout(self):
+        """``(irreps, position of each key, (blocks, columns))``: the product's operand, and how to
+        read it (:func:`_blocks_of`): the chunks ``blocks`` of an operand that needs no copies and is
+        chunked as its own blocks; else its array's ``columns`` (None: the array as it is)."""
+        own = sorted(self.used)
+        irreps = [self.own[n] for n in own] + [(mul, ir) for mul, ir, _ in self.copied]
+        position = {("own", n): k for k, n in enumerate(own)}
+        position.update({("copy", k): len(own) + k for k in range(len(self.copied))})
+        if self.simple and not self.copied:
+            return irreps, position, (own, None)
+        columns = [c for n in own for c in range(self.starts[n], self.starts[n + 1])]
+        columns += [c for _, _, copied in self.copied for c in copied]
+        return irreps, position, (None, np.asarray(columns, np.int32))
 
 
 @functools.lru_cache(maxsize=256)
@@ -595,7 +610,8 @@ def _tensor_product_plan(irreps1, flags1, irreps2, flags2, filter_ir_out, irrep_
             live = not (zero1 or zero2)
             own = operands[0].block(ir1, rows1), operands[1].block(ir2, rows2)
             if live and None not in own and 1 in (len(rows1), len(rows2)):
-                (i1, i2), mode = own, "uvu" if len(rows2) == 1 else "uvv"
+                i1, i2 = (operand.read(key) for operand, key in zip(operands, own))
+                mode = "uvu" if len(rows2) == 1 else "uvv"
             elif live:
                 i1 = operands[0].copies(ir1, [r for r in rows1 for _ in rows2])
                 i2 = operands[1].copies(ir2, [r for _ in rows1 for r in rows2])
@@ -609,11 +625,11 @@ def _tensor_product_plan(irreps1, flags1, irreps2, flags2, filter_ir_out, irrep_
     zero = tuple(zero[i] for i in inverse)
     if not paths or not any(mul for mul, _ in irreps_out):
         return None, None, None, irreps_out, zero
-    live_out, paths = _live_outputs(irreps_out, zero, [(i1, i2, permutation[io], mode, w)
-                                                       for i1, i2, io, mode, w in paths])
-    tp = TensorProduct(operands[0].irreps, operands[1].irreps, live_out, paths,
-                       irrep_normalization=irrep_normalization, backend=backend)
-    return tp, operands[0].gather(), operands[1].gather(), irreps_out, zero
+    (in1, index1, read1), (in2, index2, read2) = (operand.layout() for operand in operands)
+    live_out, paths = _live_outputs(irreps_out, zero, [(index1[k1], index2[k2], permutation[io], mode, w)
+                                                       for k1, k2, io, mode, w in paths])
+    tp = TensorProduct(in1, in2, live_out, paths, irrep_normalization=irrep_normalization, backend=backend)
+    return tp, read1, read2, irreps_out, zero
 
 
 def tensor_product(
@@ -651,7 +667,7 @@ def tensor_product(
     if tp is None:
         output = e3nn.zeros(irreps_out, leading, dtype)
     else:
-        z = tp(_gather(input1.array.astype(dtype), gather1), _gather(input2.array.astype(dtype), gather2))
+        z = tp(_blocks_of(input1, *gather1, dtype), _blocks_of(input2, *gather2, dtype))
         output = _irreps_array(irreps_out, z, zero)
     return output.simplify() if regroup_output else output
 

@@ -224,3 +224,15 @@ def test_bench_e2e_compares_the_backends():
 def test_bench_e2e_asks_for_no_more_devices_than_there_are():
     with pytest.raises(ValueError, match="--devices: 2 requested, 1 available"):
         bench_e2e.main(["--smoke", "--inline", "--iters", "1", "--workloads", "md", "--backends", "auto", "--devices", "2"])
+
+
+def test_mlip_models_run_on_jax_cgtp_with_e3nn_jax_results():
+    """InstaDeep's mlip NequIP and MACE (``models_v1``), traced under ``jax_cgtp.replacing_e3nn``:
+    energies, forces and training gradients equal e3nn-jax's (float64, 1e-10), both systems."""
+    pytest.importorskip("mlip")
+    import mlip_models
+
+    rows = mlip_models.main(["--smoke", "--dtype", "float64", "--runs", "1"])
+    assert {(row["system"], row["model"], row["workload"]) for row in rows if row["route"] == "jax_cgtp"} == {
+        (s, m, w) for s in ("water", "copper") for m in ("nequip", "mace") for w in ("md", "train")}
+    assert all(row["error"] < 1e-10 for row in rows)

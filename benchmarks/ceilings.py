@@ -45,9 +45,11 @@ def _random_pair(key, n, dtype):
 
 
 def measure(dtypes, smoke: bool, warmup: int, runs: int) -> dict:
-    """Both ceilings, at sizes that fill a GPU (or tiny ones for the smoke run)."""
-    nbytes = (8 << 20) if smoke else (2 << 30)
-    n = 256 if smoke else 8192
+    """Both ceilings, at sizes that fill a GPU (a CPU's caches and cores at a tenth of the time of
+    the GPU's sizes there: 256 MiB and 1,024; tiny ones for the smoke run)."""
+    on_cpu = jax.default_backend() == "cpu"
+    nbytes = (8 << 20) if smoke else (256 << 20) if on_cpu else (2 << 30)
+    n = 256 if smoke else 1024 if on_cpu else 8192
     return {
         "copy": copy_bandwidth(nbytes, warmup, runs),
         "matmul": {str(jnp.dtype(d)): matmul_peak(n, d, warmup, runs) for d in dtypes},

@@ -89,15 +89,16 @@ def base_phase(phase: str) -> str:
     return phase.removeprefix("conv_")
 
 
-def min_bytes(problem, phase: str, edges: int, nodes: int, itemsize: int) -> int:
-    """Fewest bytes the phase must move: every needed operand read once, every result written once.
+def min_bytes(problem, phase: str, edges: int, nodes: int, itemsize: int, shared_weights: bool = False) -> int:
+    """Fewest bytes the phase must move: every needed operand read once, every result written once
+    (one row of weights, read or written once, where every edge shares it).
 
     >>> from benchmarks.problems import build
     >>> p = build("tiny-uvw", backend="reference").problem   # d1=9, d2=4, dw=25, d3=11
     >>> min_bytes(p, "fwd", edges=10, nodes=2, itemsize=4) == 10 * (9 + 4 + 25 + 11) * 4
     True
     """
-    return _bytes(_TRAFFIC[phase], problem, edges, nodes, itemsize)
+    return _bytes(_TRAFFIC[phase], problem, edges, nodes, itemsize, shared_weights)
 
 
 def two_call_bytes(problem, phase: str, edges: int, nodes: int, itemsize: int) -> int:
@@ -114,7 +115,7 @@ def two_call_bytes(problem, phase: str, edges: int, nodes: int, itemsize: int) -
     return _bytes(_TWO_CALL_TRAFFIC[phase], problem, edges, nodes, itemsize)
 
 
-def _bytes(traffic, problem, edges: int, nodes: int, itemsize: int) -> int:
+def _bytes(traffic, problem, edges: int, nodes: int, itemsize: int, shared_weights: bool = False) -> int:
     size = {"x": problem.irreps_in1.dim, "y": problem.irreps_in2.dim, "w": problem.weight_numel,
             "z": problem.irreps_out.dim}
     rows = {"E": edges, "N": nodes}
@@ -123,7 +124,7 @@ def _bytes(traffic, problem, edges: int, nodes: int, itemsize: int) -> int:
         if operand == "i":
             total += rows[row_kind] * INDEX_BYTES
         else:
-            total += rows[row_kind] * size[operand] * itemsize
+            total += (1 if operand == "w" and shared_weights else rows[row_kind]) * size[operand] * itemsize
     return total
 
 

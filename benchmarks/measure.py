@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import cost, phases
+from .configs import CONFIGS
 from .inputs import make_inputs
 from .peers import Missing, Unsupported, adapter
 from .timing import compile_function, custom_calls, memory_of, time_compiled
@@ -66,7 +67,8 @@ def new_row(tp, config: str, phase: str, dtype: str, edges: int, nodes: int) -> 
         "edges": edges,
         "nodes": nodes if phases.is_conv(phase) else None,
         "problem": repr(tp.problem),
-        "min_bytes": cost.min_bytes(tp.problem, phase, edges, nodes, itemsize),
+        "min_bytes": cost.min_bytes(tp.problem, phase, edges, nodes, itemsize,
+                                    bool(CONFIGS[config].get("shared_weights"))),
         "gflop": cost.flop(tp.problem, phase, edges) / 1e9,
         "results": {},
     }
@@ -117,7 +119,8 @@ def measure_group(tp, config, dtype, group_phases, libraries, availability, opti
     stopped in a slow library's phase still has every earlier library's numbers.
     """
     conv = phases.is_conv(group_phases[0])
-    inputs = make_inputs(tp.problem, dtype, edges, conv, graph=options["graph"])
+    inputs = make_inputs(tp.problem, dtype, edges, conv, graph=options["graph"],
+                         shared_weights=bool(CONFIGS[config].get("shared_weights")))
     nodes = inputs.nodes or 0
     rows = {phase: new_row(tp, config, phase, dtype, edges, nodes) for phase in group_phases}
     reference: dict = {}

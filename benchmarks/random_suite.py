@@ -143,6 +143,18 @@ def suite(count: int, seed: int = 0) -> tuple[str, ...]:
     return tuple(names)
 
 
+def known(name: str) -> bool:
+    """Whether ``name`` is a config: a registered one, or ``random-SEED-K`` (registered here)."""
+    if name in configs.CONFIGS:
+        return True
+    parts = name.split("-")
+    if len(parts) != 3 or parts[0] != "random" or not all(p.isdigit() for p in parts[1:]):
+        return False
+    seed, k = int(parts[1]), int(parts[2])
+    configs.CONFIGS[name] = random_config(seed * 1_000_003 + k)
+    return True
+
+
 def parse_suite(text: str) -> tuple[str, ...] | None:
     """``random[:COUNT[:SEED]]`` (default 24 problems of seed 0) registered by :func:`suite`; None
     for another suite's name."""

@@ -27,7 +27,7 @@ import time
 
 import jax
 
-from . import ceilings, configs, cost, environment, measure, metrics, phases, problems, report, table
+from . import ceilings, configs, cost, environment, measure, metrics, phases, problems, random_suite, report, table
 from .inputs import GRAPHS
 from .peers import LIBRARIES, OPTIONAL_LIBRARIES, Missing, adapter
 from .settings import apply_option
@@ -39,8 +39,10 @@ def _list(text: str) -> list[str]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", default=None, choices=sorted(configs.SUITES),
-                        help="config suite (default: public, or smoke with --smoke)")
+    parser.add_argument("--suite", default=None,
+                        help=f"config suite: {', '.join(sorted(configs.SUITES))}, or random[:COUNT[:SEED]] "
+                             "(benchmarks.random_suite; default 24 problems of seed 0); default public, or smoke "
+                             "with --smoke")
     parser.add_argument("--configs", type=_list, default=None, help="comma-separated config names (overrides --suite)")
     parser.add_argument("--phases", type=_list, default=None,
                         help=f"default {','.join(configs.PHASES)}; also {','.join(configs.OPTIONAL_PHASES)}")
@@ -82,8 +84,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         if unknown:
             parser.error(f"{name}: unknown {unknown}; choose from {list(allowed)}")
     if args.configs is None:
-        args.configs = list(configs.SUITES[args.suite or ("smoke" if args.smoke else "public")])
-    unknown = [c for c in args.configs if c not in configs.CONFIGS]
+        suite = args.suite or ("smoke" if args.smoke else "public")
+        args.configs = list(configs.SUITES.get(suite) or random_suite.parse_suite(suite) or [])
+        if not args.configs:
+            parser.error(f"--suite: unknown {suite!r}; choose from {sorted(configs.SUITES)} or random[:COUNT[:SEED]]")
+    unknown = [c for c in args.configs if not random_suite.known(c)]
     if unknown:
         parser.error(f"--configs: unknown {unknown}; choose from {list(configs.CONFIGS)}")
     if "jax_cgtp" not in args.libs:
@@ -105,7 +110,7 @@ def take_rows(parser: argparse.ArgumentParser, args: argparse.Namespace, instead
     for row in rows:
         for label, value, allowed in zip(("config", "phase", "dtype"), row,
                                          (configs.CONFIGS, configs.ALL_PHASES, configs.DTYPES)):
-            if value not in allowed:
+            if value not in allowed and not (label == "config" and random_suite.known(value)):
                 parser.error(f"--rows: unknown {label} {value!r} in {':'.join(row)}; choose from {list(allowed)}")
     args.rows = rows
     args.configs, args.phases, args.dtype = ([*dict.fromkeys(row[n] for row in rows)] for n in range(3))

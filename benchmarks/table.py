@@ -10,6 +10,8 @@ and error.
 
 from __future__ import annotations
 
+import math
+
 from .metrics import MAIN
 from .peers import LIBRARIES
 from .timing import per_call_ms, sync_ms
@@ -94,6 +96,39 @@ def memory_table(rows: list[dict], libraries: list[str]) -> list[str]:
     return _render(header, body)
 
 
+def phase_summary(rows: list[dict]) -> list[str]:
+    """Per phase and dtype: the minimum and the geometric mean over rows of jax_cgtp's speedup over
+    the best peer that ran the row (the fastest), the row that sets the minimum, the range of
+    jax_cgtp's floor fractions, and the rows no peer ran."""
+    header = ["phase", "dtype", "rows", "min x best peer", "geomean", "min row (best peer)", f"{MAIN} %floor",
+              "no peer"]
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault((row["phase"], row["dtype"]), []).append(row)
+    body = []
+    for (phase, dtype), group in groups.items():
+        ratios, alone, fractions = [], 0, []
+        for row in group:
+            speedups = {p: s for p, s in row.get("speedup", {}).items() if p in PEERS and s}
+            fraction = row["results"].get(MAIN, {}).get("floor_fraction")
+            if fraction:
+                fractions.append(fraction)
+            if speedups:
+                peer = min(speedups, key=speedups.get)
+                ratios.append((speedups[peer], row["config"], peer))
+            else:
+                alone += 1
+        if ratios:
+            low = min(ratios)
+            geomean = math.exp(sum(math.log(r) for r, _, _ in ratios) / len(ratios))
+            cells = [f"{low[0]:.2f}", f"{geomean:.2f}", f"{low[1]} ({low[2]})"]
+        else:
+            cells = ["-", "-", "-"]
+        span = f"{_pct(min(fractions))}-{_pct(max(fractions))}" if fractions else "-"
+        body.append([phase, dtype, str(len(group))] + cells + [span, str(alone)])
+    return _render(header, body)
+
+
 def _unmeasured(report: dict) -> list[str]:
     """The runs' skipped groups ("config dtype phase,phase"), less the phases that a row of the
     report has (a merged report takes those rows from other runs)."""
@@ -152,6 +187,9 @@ def render(report: dict) -> str:
         lines += ["", f"== {dtype}: ms per call, calls queued back to back (speedup = peer ms / {MAIN} ms; "
                   f"%floor = memory floor / ms) =="]
         lines += time_table(rows, libraries)
+    lines += ["", f"== per phase: {MAIN}'s speedup over the fastest peer that ran each row, the minimum over rows and "
+              "the geometric mean =="]
+    lines += phase_summary(report["rows"])
     lines += ["", "== one blocking call: median ms (host dispatch and the round trip included), speedups =="]
     lines += sync_table(report["rows"], libraries)
     lines += ["", "== memory of each compiled phase (XLA memory_analysis: temporaries / all buffers) =="]

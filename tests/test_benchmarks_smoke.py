@@ -6,6 +6,7 @@ which read its report like a specification of the JSON.
 """
 
 import json
+import re
 import pathlib
 import sys
 
@@ -607,3 +608,21 @@ def test_random_suite_draws_realistic_problems_of_every_family():
         assert tp.weight_numel > 0 and max(ir.l for _, ir in tp.irreps_in2) <= 5
         assert config["shared_weights"] == (config["family"] == "self_connection")
     assert random_suite.parse_suite("public") is None
+
+
+def test_random_suite_runs_every_phase_with_the_peers_that_can_express_it(tmp_path, capsys):
+    """``--suite random:COUNT:SEED`` at smoke size: a species self-connection (one row of weights for
+    every edge), a fully connected product and channelwise ones, each with every peer that can run
+    it, and the per-phase summary over them."""
+    result = run.main(["--smoke", "--suite", "random:3:1", "--libs", "jax_cgtp,e3nn", "--phases",
+                       "fwd,bwd,conv_fwd", "--dtype", "float64", "--out", str(tmp_path), "--no-plots"])
+    assert {row["config"] for row in result["rows"]} == {"random-1-0", "random-1-1", "random-1-2"}
+    assert configs.CONFIGS["random-1-2"]["shared_weights"]
+    for row in result["rows"]:
+        assert row["results"]["jax_cgtp"]["status"] == "ok" and row["results"]["e3nn"]["status"] == "ok"
+    shared = next(row for row in result["rows"] if row["config"] == "random-1-2" and row["phase"] == "fwd")
+    problem = problems.build("random-1-2", backend="reference").problem
+    assert shared["min_bytes"] == cost.min_bytes(problem, "fwd", shared["edges"], 0, 8, shared_weights=True)
+    text = capsys.readouterr().out
+    assert "per phase: jax_cgtp's speedup over the fastest peer" in text
+    assert re.search(r"^conv_fwd\s+float64\s+3\s", text, re.M)

@@ -53,7 +53,9 @@ def build(tp, dtype, conv: bool, options: dict) -> Impl:
             w, e3nn.IrrepsArray(problem.irreps_in1, x), e3nn.IrrepsArray(problem.irreps_in2, y)
         ).array
 
-    product = jax.vmap(single)
+    def product(x, y, w):  # per-edge weights, or one row shared by every edge
+        return jax.vmap(single, in_axes=(0, 0, 0 if w.ndim == 2 else None))(x, y, w)
+
     if not conv:
         return Impl(apply=product)
 

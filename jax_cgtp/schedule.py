@@ -44,7 +44,7 @@ TILE_INDEXED = 32  # edges per tile when rows are accumulated across edges
 # A walk's grid is capped at MAX_BLOCKS blocks of WARPS_PER_BLOCK warps (its warps loop grid-stride
 # past that). The product's walks take one edge per warp: 25,000 blocks at 100,000 edges, where a
 # cap of 8192 gave each warp three edges in turn (float64's 50,000 edges: one or two). H200, same
-# process (stop 57, benchmarks/results/nvidia-h200/max-blocks/): the cap of 65536 took 0.956-0.995x
+# process (benchmarks/results/nvidia-h200/max-blocks/): the cap of 65536 took 0.956-0.995x
 # the time on seven float32 rows of the product whose grid it changes (forward, backward, double
 # backward; geometric mean 0.981) and 0.984-1.011x on five float64 rows (0.999); three rows whose
 # program stayed the same gave 0.986-0.999x, the measurement's spread.

@@ -1,14 +1,14 @@
 """``python -m benchmarks.ab``: jax_cgtp's kernels under several settings, timed in turn in one process.
 
-A setting assigns module attributes of jax_cgtp's code generator or scheduler, e.g.::
+A variant sets fields of :class:`jax_cgtp.Settings` for the calls it traces, e.g.::
 
     python -m benchmarks.ab --configs mace-l2-c128 --phases conv_fwd,conv_bwd --dtype float32 \\
-        --variant base: --variant wide:jax_cgtp.schedule.WALK_GROUP_TERMS=2048 --rounds 6
+        --variant base: --variant wide:walk_group_terms=2048 --rounds 6
 
 For each row (config, phase, dtype: every one of ``--configs``, ``--phases`` and ``--dtype``, or those
 ``--rows config:phase:dtype,...`` names) the inputs are drawn once. Each variant's phase is compiled
-with its assignments in force (JAX's caches and jax_cgtp's kernel caches cleared first, so its
-kernels are generated anew), then the variants are timed in turn, ``--rounds`` times: each
+under its settings (JAX's caches cleared first, so that it is traced anew; jax_cgtp's plans and
+kernels are cached per settings), then the variants are timed in turn, ``--rounds`` times: each
 round times every variant once (per-call ms of calls queued back to back, as ``benchmarks.run``
 reports), so slow drifts of the device affect them alike. The table gives each variant's median
 over rounds and its ratio to the first variant; ``--json`` keeps every round, with the run's device,
@@ -18,47 +18,37 @@ versions and commit (``benchmarks.environment.describe``).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import statistics
 
 import jax
 
-from jax_cgtp import cuda_lowering
+import jax_cgtp
 
 from . import configs, environment, timing
 from .inputs import GRAPHS
 from .profile import phase_and_arguments
 from .run import _list, named_rows, take_rows
-from .settings import check_assignments, parse_assignments
+from .settings import parse_settings
 
 
-def parse_variant(text: str) -> tuple[str, list[tuple[str, str, object]]]:
-    """``NAME:module.ATTR=VALUE;...`` -> ``(NAME, [(module, ATTR, value)])``; VALUE is a Python literal.
+def parse_variant(text: str) -> tuple[str, dict[str, object]]:
+    """``NAME:name=VALUE;...`` -> ``(NAME, {name: value})``; VALUE is a Python literal.
 
-    >>> parse_variant("wide:jax_cgtp.schedule.WALK_GROUP_TERMS=2048")
-    ('wide', [('jax_cgtp.schedule', 'WALK_GROUP_TERMS', 2048)])
+    >>> parse_variant("wide:walk_group_terms=2048")
+    ('wide', {'walk_group_terms': 2048})
     """
-    name, colon, assignments = text.partition(":")
+    name, colon, settings = text.partition(":")
     if not name or not colon:
-        raise ValueError(f"--variant {text!r}: expected NAME:module.ATTR=VALUE;... (NAME: for no change)")
-    return name, parse_assignments(assignments)
+        raise ValueError(f"--variant {text!r}: expected NAME:name=VALUE;... (NAME: for no change)")
+    return name, parse_settings(settings)
 
 
-def _compile_with(assignments, fn, args):
-    """``fn`` compiled for ``args`` with ``assignments`` in force (restored afterwards)."""
-    saved = []
-    for module, attribute, value in assignments:
-        target = importlib.import_module(module)
-        saved.append((target, attribute, getattr(target, attribute)))
-        setattr(target, attribute, value)
-    try:
+def _compile_with(settings, fn, args):
+    """``fn`` traced and compiled for ``args`` under ``settings``."""
+    with jax_cgtp.config(**settings):
         jax.clear_caches()
-        cuda_lowering.clear_kernel_caches()
         return timing.compile_function(fn, args)
-    finally:
-        for target, attribute, value in reversed(saved):
-            setattr(target, attribute, value)
 
 
 def measure_row(config: str, phase: str, dtype: str, variants, rounds: int, calls: int, lib: str,
@@ -68,7 +58,7 @@ def measure_row(config: str, phase: str, dtype: str, variants, rounds: int, call
     and how many distinct programs the variants compiled to."""
     edges = edges or configs.EDGES[dtype]
     fn, args = phase_and_arguments(config, phase, dtype, edges, lib=lib, graph=graph, shared_weights=shared_weights)
-    compiled = {name: _compile_with(assignments, fn, args) for name, assignments in variants}
+    compiled = {name: _compile_with(settings, fn, args) for name, settings in variants}
     texts = {name: c.as_text() for name, c in compiled.items()}
     for c in compiled.values():  # warm up
         jax.block_until_ready(c(*args))
@@ -98,7 +88,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--dtype", type=_list, default=None, help="default float32")
     parser.add_argument("--rows", type=_list, default=None, metavar="CONFIG:PHASE:DTYPE,...",
                         help="these rows alone, in this order (instead of --configs, --phases and --dtype)")
-    parser.add_argument("--variant", action="append", required=True, help="NAME:module.ATTR=VALUE;... (repeat)")
+    parser.add_argument("--variant", action="append", required=True, help="NAME:name=VALUE;... (repeat; jax_cgtp.Settings fields)")
     parser.add_argument("--lib", default="jax_cgtp", choices=["jax_cgtp", "jax_cgtp_det", "jax_cgtp_graph"],
                         help="jax_cgtp_det: the deterministic convolution; jax_cgtp_graph: the atomic one given a sorted graph")
     parser.add_argument("--edges", type=int, default=None, help="default: the benchmark's size for the dtype")
@@ -116,9 +106,7 @@ def main(argv=None) -> list[dict]:
     jax.config.update("jax_enable_x64", True)
     try:
         variants = [parse_variant(v) for v in args.variant]
-        for _, assignments in variants:
-            check_assignments(assignments)
-    except (ValueError, SyntaxError, ImportError) as error:
+    except (ValueError, SyntaxError) as error:
         parser.error(f"--variant: {error}")
     names = [name for name, _ in variants]
     if len(set(names)) != len(names):

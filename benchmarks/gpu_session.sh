@@ -57,7 +57,7 @@
 #                                     of the comma-separated list with Nsight Compute (every kernel of one
 #                                     run after a warm-up; python -m benchmarks.profile; LIB jax_cgtp
 #                                     (default), jax_cgtp_det, cueq, oeq or e3nn; SETTINGS as
-#                                     benchmarks.profile's --set, e.g. jax_cgtp.schedule.AHEAD_DEPTH=0): ncu.txt
+#                                     benchmarks.profile's --set, e.g. ahead_depth=0): ncu.txt
 # A copy of the tree without .git cannot name its commit, and the device's copy of .git can be
 # stale: pass JAX_CGTP_GIT_COMMIT=<sha[-dirty]> as a literal, taken from this machine's checkout.
 # A later call on the same machine that runs python -m benchmarks.* itself, after --skip-tests

@@ -19,7 +19,7 @@ convolution forward: 168 registers there, 158 here), so for exact numbers run it
 
     python -m benchmarks.kernel_stats --configs mace-l2-c128 --phases conv_fwd --dtype float32
 
-``--set`` plans the kernels under other settings (``--set jax_cgtp.schedule.Z_WITH_BACKWARD_MAX_TERMS=0``).
+``--set`` plans the kernels under other settings (``--set z_with_backward_max_terms=0``).
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ from dataclasses import dataclass
 
 import jax
 
+import jax_cgtp
 from jax_cgtp import codegen, nvrtc
 from jax_cgtp.cuda_lowering import kernel_cubin, planned_kernels
 
 from . import configs, phases
 from .profile import phase_and_arguments
 from .run import _list
-from .settings import apply_option
+from .settings import settings_option
 
 INSTRUCTION_BYTES = 16
 _REGCOUNT, _FRAME_SIZE = 0x2F, 0x11  # EIATTR_REGCOUNT, EIATTR_FRAME_SIZE: (symbol, value) pairs
@@ -111,10 +112,10 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", type=_list, default=list(configs.DTYPES))
     parser.add_argument("--libs", type=_list, default=["jax_cgtp", "jax_cgtp_det"])
     parser.add_argument("--arch", default="sm_90")
-    parser.add_argument("--set", default="", metavar="module.ATTR=VALUE;...",
+    parser.add_argument("--set", default="", metavar="name=VALUE;...",
                         help="settings of jax_cgtp's generator or scheduler, as benchmarks.ab's --variant takes them")
     args = parser.parse_args(argv)
-    apply_option(parser, "--set", args.set)
+    settings = settings_option(parser, "--set", args.set)
     names = [c for name in args.configs for c in configs.SUITES.get(name, (name,))]
     for label, chosen, allowed in (("config", names, configs.CONFIGS), ("phase", args.phases, configs.ALL_PHASES),
                                    ("dtype", args.dtype, configs.DTYPES), ("lib", args.libs, VARIANTS)):
@@ -126,7 +127,8 @@ def main(argv=None) -> None:
     jax.config.update("jax_enable_x64", True)
     rows = [(c, p, d, lib) for c in names for p in args.phases for d in args.dtype
             for lib in args.libs if lib == "jax_cgtp" or phases.is_conv(p)]
-    launches = [(row, n, kernel) for row in rows for n, kernel in enumerate(row_kernels(*row))]
+    with jax_cgtp.config(**settings):  # the rows are traced under them
+        launches = [(row, n, kernel) for row in rows for n, kernel in enumerate(row_kernels(*row))]
 
     def stats(kernel):
         return cubin_stats(kernel_cubin(kernel, args.arch))

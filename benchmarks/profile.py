@@ -23,13 +23,14 @@ import sys
 import jax
 import jax.numpy as jnp
 
+import jax_cgtp
 from jax_cgtp import schedule
 from jax_cgtp.cuda_lowering import planned_kernels
 
 from . import configs, phases, problems
 from .inputs import GRAPHS, make_inputs
 from .peers import LIBRARIES, OPTIONAL_LIBRARIES, adapter
-from .settings import apply_option
+from .settings import settings_option
 
 
 def phase_and_arguments(config: str, phase: str, dtype: str, edges: int, concrete: bool = True,
@@ -85,22 +86,23 @@ def main(argv=None) -> None:
     parser.add_argument("--launches", action="store_true", help="print the launch count of one run and exit")
     parser.add_argument("--lib", default="jax_cgtp", choices=LIBRARIES + OPTIONAL_LIBRARIES,
                         help="the library whose phase runs (default jax_cgtp)")
-    parser.add_argument("--set", default="", metavar="module.ATTR=VALUE;...",
+    parser.add_argument("--set", default="", metavar="name=VALUE;...",
                         help="settings of jax_cgtp's generator or scheduler, as benchmarks.ab's --variant takes them")
     args = parser.parse_args(argv)
     if args.launches and not args.lib.startswith("jax_cgtp"):
         parser.error("--launches plans jax_cgtp's kernels; it needs --lib jax_cgtp or jax_cgtp_det")
-    apply_option(parser, "--set", args.set)
+    settings = settings_option(parser, "--set", args.set)
     jax.config.update("jax_enable_x64", True)
     fn, arguments = phase_and_arguments(args.config, args.phase, args.dtype, args.edges or configs.EDGES[args.dtype],
                                         concrete=not args.launches, lib=args.lib, graph=args.graph)
-    if args.launches:
-        kernels = planned_kernels(fn, *arguments)
-        for n, kernel in enumerate(kernels):
-            print(f"launch {n}: {describe(kernel)}", file=sys.stderr)
-        print(len(kernels))
-        return
-    compiled = jax.jit(fn).lower(*arguments).compile()
+    with jax_cgtp.config(**settings):  # the phase is traced under them
+        if args.launches:
+            kernels = planned_kernels(fn, *arguments)
+            for n, kernel in enumerate(kernels):
+                print(f"launch {n}: {describe(kernel)}", file=sys.stderr)
+            print(len(kernels))
+            return
+        compiled = jax.jit(fn).lower(*arguments).compile()
     for _ in range(args.warmup):
         jax.block_until_ready(compiled(*arguments))
     with _profiler_range():

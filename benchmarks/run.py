@@ -27,10 +27,12 @@ import time
 
 import jax
 
+import jax_cgtp
+
 from . import ceilings, configs, cost, environment, measure, metrics, phases, problems, random_suite, report, table
 from .inputs import GRAPHS
 from .peers import LIBRARIES, OPTIONAL_LIBRARIES, Missing, adapter
-from .settings import apply_option
+from .settings import settings_option
 
 
 def _list(text: str) -> list[str]:
@@ -69,11 +71,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "measured by the process that claims it first (one process per GPU splits one run)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, reference backend, 3 runs")
-    parser.add_argument("--set", default="", metavar="module.ATTR=VALUE;...",
+    parser.add_argument("--set", default="", metavar="name=VALUE;...",
                         help="settings of jax_cgtp's generator or scheduler for the whole run, as benchmarks.ab's "
                              "--variant takes them (recorded in the report)")
     args = parser.parse_args(argv)
-    apply_option(parser, "--set", args.set)
+    args.settings = settings_option(parser, "--set", args.set)
     if args.rows is not None:
         take_rows(parser, args, ("suite", "configs", "phases", "dtype"))
     args.phases = args.phases or list(configs.PHASES)
@@ -191,8 +193,14 @@ def _keeper(result: dict, meta: dict, out, tag: str):
 
 
 def main(argv=None) -> dict:
-    """Run the benchmark; returns the report (also written to disk)."""
+    """Run the benchmark, every call traced under ``--set``'s settings; returns the report (also
+    written to disk)."""
     args = parse_args(argv)
+    with jax_cgtp.config(**args.settings):
+        return _run(args, argv)
+
+
+def _run(args, argv) -> dict:
     jax.config.update("jax_enable_x64", True)
 
     edges = dict(configs.SMOKE_EDGES if args.smoke else configs.EDGES)

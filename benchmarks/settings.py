@@ -1,47 +1,38 @@
-"""Settings of jax_cgtp's code generator or scheduler, given on a command line as ``module.ATTR=VALUE;...``."""
+"""Settings of jax_cgtp's CUDA lowering on a command line: ``name=VALUE;...``, the names fields of
+:class:`jax_cgtp.Settings` and the values Python literals."""
 
 from __future__ import annotations
 
 import ast
-import importlib
+import dataclasses
+
+import jax_cgtp
 
 
-def parse_assignments(text: str) -> list[tuple[str, str, object]]:
-    """``module.ATTR=VALUE;...`` -> ``[(module, ATTR, value)]``; VALUE is a Python literal.
+def parse_settings(text: str) -> dict[str, object]:
+    """``name=VALUE;...`` -> ``{name: value}``; a ValueError for a malformed item or a name that is
+    not a field of :class:`jax_cgtp.Settings` (it would otherwise set nothing that is read).
 
-    >>> parse_assignments("jax_cgtp.schedule.AHEAD_DEPTH=0")
-    [('jax_cgtp.schedule', 'AHEAD_DEPTH', 0)]
+    >>> parse_settings("ahead_depth=0;lockstep_warps=((800, 4),)")
+    {'ahead_depth': 0, 'lockstep_warps': ((800, 4),)}
     """
-    parsed = []
+    fields = {f.name for f in dataclasses.fields(jax_cgtp.Settings)}
+    parsed = {}
     for assignment in filter(None, (a.strip() for a in text.split(";"))):
-        target, _, value = assignment.partition("=")
-        module, _, attribute = target.strip().rpartition(".")
-        if not module or not value:
-            raise ValueError(f"{assignment!r} is not module.ATTR=VALUE")
-        parsed.append((module, attribute, ast.literal_eval(value.strip())))
+        name, equals, value = assignment.partition("=")
+        name = name.strip()
+        if not equals or not value.strip():
+            raise ValueError(f"{assignment!r} is not name=VALUE")
+        if name not in fields:
+            raise ValueError(f"{name!r} is not a setting; see jax_cgtp.Settings")
+        parsed[name] = ast.literal_eval(value.strip())
     return parsed
 
 
-def check_assignments(assignments) -> None:
-    """A ValueError unless every module of ``assignments`` imports and already has its attribute
-    (a misspelt name would otherwise set a new attribute that nothing reads)."""
-    for module, attribute, _ in assignments:
-        if not hasattr(importlib.import_module(module), attribute):
-            raise ValueError(f"{module} has no attribute {attribute}")
-
-
-def apply_option(parser, option: str, text: str) -> None:
-    """Assign the settings of command-line ``option`` (``module.ATTR=VALUE;...``) for this process;
-    ``parser.error`` on one that does not parse or names no existing attribute. jax_cgtp's kernel
-    caches are cleared, since they hold launches planned under the settings before."""
-    from jax_cgtp.cuda_lowering import clear_kernel_caches
-
+def settings_option(parser, option: str, text: str) -> dict[str, object]:
+    """The settings of command-line ``option`` (``name=VALUE;...``), for the command to run under
+    (``with jax_cgtp.config(**settings)``); ``parser.error`` on one that does not parse."""
     try:
-        assignments = parse_assignments(text)
-        check_assignments(assignments)
-    except (ValueError, SyntaxError, ImportError) as error:
+        return parse_settings(text)
+    except (ValueError, SyntaxError) as error:
         parser.error(f"{option}: {error}")
-    for module, attribute, value in assignments:
-        setattr(importlib.import_module(module), attribute, value)
-    if assignments:
-        clear_kernel_caches()

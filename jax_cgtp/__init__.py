@@ -7,11 +7,12 @@
 (5, 64)
 """
 
-from . import e3nn
+from . import e3nn, settings
 from .conv import TensorProductConv, check_graph
 from .e3nn_switch import replacing_e3nn
 from .graph import SortedGraph, sort_graph
 from .problem import Instruction, Problem, make_problem
+from .settings import Settings, config
 from .tensor_product import (
     TensorProduct,
     channelwise_tensor_product,
@@ -21,14 +22,17 @@ from .tensor_product import (
 __all__ = [
     "Instruction",
     "Problem",
+    "Settings",
     "SortedGraph",
     "TensorProduct",
     "TensorProductConv",
     "channelwise_tensor_product",
     "check_graph",
+    "config",
     "e3nn",
     "fully_connected_tensor_product",
     "make_problem",
+    "settings",
     "replacing_e3nn",
     "sort_graph",
 ]

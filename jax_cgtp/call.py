@@ -30,6 +30,7 @@ import numpy as np
 
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
 from .problem import Problem
+from .settings import Settings, active
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,9 @@ class Call:
     outputs: tuple[Output, ...]
     deterministic: bool = False
     orderings: tuple[str, ...] | None = None  # roles whose orderings it carries (None: all if deterministic, else none)
+    # the CUDA lowering's tunables: those active where the call is built (:mod:`jax_cgtp.settings`);
+    # every call derived from it (JVP, transpose, batching) keeps them
+    settings: Settings = dataclasses.field(default_factory=active)
 
     def kind(self, role: str) -> str:
         return self.kinds[OPERANDS.index(role)]

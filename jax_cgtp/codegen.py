@@ -285,7 +285,7 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     kept = f"walked0[node * {out.dim}LL + q] + " if schedule.kept else ""
     w("#pragma unroll")
     w.open(f"for (int j = 0; j < {per_group}; ++j)")
-    w(f"const int q = j * 32 + q0;")
+    w("const int q = j * 32 + q0;")
     w(f"if (q >= {out.dim}) continue;")
     if chunk:
         w(f"if (in_chunk) chunk_rows[node * {out.dim}LL + q] = sum[j];")
@@ -603,7 +603,7 @@ def _emit_flush(w: Writer, schedule: KernelSchedule, slot: Slot, row: str) -> No
     elif slot.dim == 1:
         w(f"if (active) {put(out, 'dst + lc', 'acc_0')}")
     else:
-        emit_chunk_flush(w, out, accs, "", lambda v: put(out, f"dst + c * {WARP * slot.dim} + q", v))
+        emit_chunk_flush(w, accs, "", lambda v: put(out, f"dst + c * {WARP * slot.dim} + q", v))
     w(" ".join(f"{a} = T(0);" for a in accs))
 
 

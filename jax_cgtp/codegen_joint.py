@@ -14,25 +14,8 @@ from __future__ import annotations
 from .operands import BATCHED, INDEXED, SHARED
 from .cuda_text import (Writer, edge_ok, emit_chunk_flush, emit_chunk_lanes, emit_edge_header, emit_transposed_sum,
                         lane_row, literal, owned_end, put, rounded, row_of, signed_sum, signed_term, tile_value)
-from .schedule import (CHUNK_WEIGHT_REGISTERS, EDGE_Y_REGISTERS, WARP, JointPath, KernelSchedule, ahead_slot,
-                       stage_width)
+from .schedule import WARP, JointPath, KernelSchedule, ahead_slot, stage_width
 
-# The backward's sums through z̄ (_PathCG) declare each path's S_ij = pw C_ijk z̄_k
-# once up to sign (FOLD_CG_SIGNS) and in units of the magnitude most of them share
-# (FOLD_CG_MAGNITUDE), so that S = ±z̄_k needs no multiplication: 0.5-2% fewer SASS instructions in
-# the backward kernels of the public uvu configs. Both on against both off: conv_bwd 0.969x and
-# 0.971x on nequip-revmd17-benzene (float32, float64), 0.973x on sevennet-l3-c32 (float64),
-# 0.99-1.00x on the other configs; conv_dbwd 0.98-1.01x; the deterministic conv_bwd 0.97-1.016x
-# (H100, same process; benchmarks/results/nvidia-h100-80gb-hbm3/cg-folding/).
-FOLD_CG_SIGNS = True
-FOLD_CG_MAGNITUDE = True
-# The forward's sums z_k = sum_ij pw C_ijk x_i y_j run in units of the magnitude most of the path's
-# nonzeros share, with weight v * w, so that a term of that magnitude is one FMA (_PathCG.z_sums):
-# 1-6% fewer SASS instructions in the convolution forwards. On against off (H100, same process):
-# conv_fwd 0.97-1.00x on most uvu rows (geometric means 0.98-0.99x), and 1.026x on
-# nequip-revmd17-benzene's deterministic float64 one (a 16-byte spill); fwd 0.98-1.02x
-# (benchmarks/results/nvidia-h100-80gb-hbm3/fwd-folding/).
-FOLD_CG_FORWARD = True
 
 
 def _emit_group_barrier(w: Writer, schedule: KernelSchedule) -> None:
@@ -198,14 +181,14 @@ def _emit_edge_y(w: Writer, schedule: KernelSchedule):
     """Load the edge's y components that any path reads into registers once per edge (``ye{s}_c``),
     so that no path waits on a y load queued behind the previous path's stores; returns
     ``value(array, c)`` for :func:`_emit_joint_path`. With more than
-    :data:`~jax_cgtp.schedule.EDGE_Y_REGISTERS`, each path loads its own: NVRTC merges plain loads
+    ``Settings.edge_y_registers``, each path loads its own: NVRTC merges plain loads
     of one component across x blocks, holding every component in registers for the whole edge.
     In float32 that measured best (None: plain loads); in float64 it took two registers per
     component (l5-c32's forward spilled 2 KB per thread), so the loads go through ``__ldca``,
     which NVRTC does not merge (0.74x the forward's time, H100)."""
     joint = schedule.joint
     used = sorted({p.y_offset + nz[1] for *_, paths in joint.blocks for p in paths for nz in p.nonzeros})
-    if len(used) > EDGE_Y_REGISTERS:
+    if len(used) > schedule.call.settings.edge_y_registers:
         if schedule.itemsize == 4:
             return None
         return lambda a, c: f"(ok ? __ldca(p_y{joint.suffix('y', a)} + {c}) : T(0))"
@@ -237,12 +220,12 @@ def _emit_chunk_weights(w: Writer, schedule: KernelSchedule, paths) -> dict[tupl
 
 def _weight_batches(schedule: KernelSchedule, paths) -> list[list[JointPath]]:
     """The block's paths in consecutive batches whose weights (every w input's) fit in
-    :data:`~jax_cgtp.schedule.CHUNK_WEIGHT_REGISTERS` registers; a path without weight costs none."""
+    ``Settings.chunk_weight_registers`` registers; a path without weight costs none."""
     per_path = len(schedule.joint.reads("w")) * schedule.itemsize // 4
     batches, used = [[]], 0
     for path in paths:
         cost = per_path if path.w_offset is not None else 0
-        if used + cost > CHUNK_WEIGHT_REGISTERS and batches[-1]:
+        if used + cost > schedule.call.settings.chunk_weight_registers and batches[-1]:
             batches.append([])
             used = 0
         batches[-1].append(path)
@@ -843,21 +826,21 @@ class _PathCG:
         weighted = path.w_offset is not None
         self.nonzeros = path.nonzeros
         self.unit = _common_magnitude(self.pairs) if weighted else 1.0
-        self.z_unit = _forward_magnitude(path.nonzeros) if weighted and FOLD_CG_FORWARD else 1.0
+        self.z_unit = _forward_magnitude(path.nonzeros) if weighted else 1.0
         # pair -> (sign, the pair whose S it reuses, or the k of S = ±Z_k)
         self.factor: dict[tuple[int, int], tuple[str, tuple[int, int] | int]] = {}
         # the pairs whose S is declared -> its (k, coefficient in units of self.unit)
         self.declared_sums: dict[tuple[int, int], list[tuple[int, float]]] = {}
         first: dict[tuple, tuple[int, int]] = {}
         for pair, ks in self.pairs.items():
-            negative = ks[0][1] < 0 if FOLD_CG_SIGNS else False
+            negative = ks[0][1] < 0
             sign = "-" if negative else "+"
             scaled = [(k, (-v if negative else v) / self.unit) for k, v in ks]
             form = tuple((k, rounded(c)) for k, c in scaled)
             if len(form) == 1 and form[0][1] == 1.0:
                 self.factor[pair] = (sign, form[0][0])
                 continue
-            source = first.setdefault(form, pair) if FOLD_CG_SIGNS else pair
+            source = first.setdefault(form, pair)
             self.factor[pair] = (sign, source)
             if source == pair:
                 self.declared_sums[pair] = scaled
@@ -929,9 +912,10 @@ class _PathCG:
 
 def _common_magnitude(pairs) -> float:
     """The magnitude ``u`` of the most single-nonzero pairs, when dividing their sums by it saves
-    more multiplications than the two it adds (``u * w`` and ``u * w̄``); else 1."""
-    if not FOLD_CG_MAGNITUDE:
-        return 1.0
+    more multiplications than the two it adds (``u * w`` and ``u * w̄``); else 1. Declaring each
+    S_ij once up to sign, in this unit, took 0.5-2% fewer SASS instructions and the conv_bwd 0.97-1.00x
+    the time (cg-folding); the forward's sums in the unit of :func:`_forward_magnitude`, the conv_fwd
+    0.97-1.00x (fwd-folding)."""
     return _shared_magnitude([ks[0][1] for ks in pairs.values() if len(ks) == 1], added=2)
 
 
@@ -1058,7 +1042,7 @@ def _emit_joint_flush(w: Writer, schedule: KernelSchedule, role: str, offset: in
             w(put(out, f"dst_{role} + lc * {dim} + {q}", a, add))
         w.close()
     else:
-        emit_chunk_flush(w, out, names, guard, lambda v: put(out, f"dst_{role} + c * {WARP * dim} + q", v, add))
+        emit_chunk_flush(w, names, guard, lambda v: put(out, f"dst_{role} + c * {WARP * dim} + q", v, add))
     if reset:
         w(" ".join(f"{a} = T(0);" for a in names))
     w.close()

@@ -2,7 +2,7 @@
 
 Inside a tile (or a node's run) of edges, the warp walks the edges in order and, per edge, the
 stream's items in order. Before computing item ``n`` it issues the asynchronous copy of the item
-``STAGES - 1`` positions later (the next edge's first items near the end of an edge), then
+``stages - 1`` positions later (the next edge's first items near the end of an edge), then
 waits for item ``n``'s own copy. The arithmetic of an item is in :func:`_emit_item`.
 """
 
@@ -18,7 +18,7 @@ def emit_stream(w: Writer, schedule: KernelSchedule) -> None:
     """The tile's edges, each edge's weights streamed item by item through the ring."""
     stream = schedule.stream
     problem = schedule.call.problem
-    outs, arrays = dict(stream.outputs), dict(stream.arrays)
+    outs = dict(stream.outputs)
     items, stages = stream.items, stream.stages
     row_role = stream.row_role
     row_out = schedule.outputs[outs[row_role]] if row_role else None

@@ -27,15 +27,14 @@ from .call import Call, accumulation_dtype, num_edges, output_shape
 from .operands import INDEXED, SHARED
 
 TARGET = "jax_cgtp_launch"
-# The same handler, registered without the command-buffer trait (COMMAND_BUFFERS = False).
+# The same handler, registered without the command-buffer trait (Settings.command_buffers off).
 UNCAPTURED_TARGET = "jax_cgtp_launch_uncaptured"
 # XLA records runs of at least --xla_gpu_graph_min_graph_size (5) of its GPU operations as CUDA
 # graphs (command buffers) and launches each run as one graph, custom calls among them where their
 # target is registered as safe to capture. The launch handler is: for a given call it enqueues the
 # same memsets and kernel launches on XLA's stream, into the buffers XLA passes, and queries
-# nothing (kernels are loaded in its initialize stage). With COMMAND_BUFFERS = False (or
-# $JAX_CGTP_COMMAND_BUFFERS=0 at import), functions lowered afterwards launch every kernel on its own.
-COMMAND_BUFFERS = os.environ.get("JAX_CGTP_COMMAND_BUFFERS", "1") != "0"
+# nothing (kernels are loaded in its initialize stage). With ``Settings.command_buffers`` off (its
+# default with $JAX_CGTP_COMMAND_BUFFERS=0), a call's kernels launch on their own.
 KEEP = 2  # a zero_outputs flag: the output starts as the argument it aliases (neither zeroed nor poisoned)
 _KERNEL_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
@@ -192,14 +191,13 @@ def _arguments_of(call: Call, kernel: schedule.KernelSchedule, args) -> list:
 
 def _knowing_longest_runs(call: Call, kernels, args) -> list:
     """``kernels``, a walk past the cap marked to read the longest run where its ordering's offsets
-    end with it (``rows + 2`` entries: :func:`jax_cgtp.grouping.group_edges`'s) and
-    :data:`~jax_cgtp.schedule.EXIT_WITHOUT_LONG_RUNS` holds."""
+    end with it (``rows + 2`` entries: :func:`jax_cgtp.grouping.group_edges`'s): it returns at once
+    where no run is longer than the cap (longest-run: 1-2 us less per call)."""
     orders = call.split(args)[2]
 
     def knows(kernel) -> bool:
         role = kernel.call.walk
-        return (schedule.EXIT_WITHOUT_LONG_RUNS and bool(kernel.beyond_cap)
-                and orders[role][1].shape[0] == call.row_count(role) + 2)
+        return bool(kernel.beyond_cap) and orders[role][1].shape[0] == call.row_count(role) + 2
 
     return [dataclasses.replace(k, reads_longest_run=True) if knows(k) else k for k in kernels]
 
@@ -306,7 +304,8 @@ def run_kernel(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars
     zero = [KEEP if k in kept else int(out.zeroed) for k, out in enumerate(kernel.outputs)]
     return ffi_launch(image, image_id, codegen.KERNEL_NAME, args, shapes, grid=grid, block=kernel.block,
                       shared_bytes=kernel.shared_bytes, scalars=scalars, zero_outputs=zero, fill=kernel.fill,
-                      input_output_aliases={len(args) - len(kept) + j: k for j, k in enumerate(kept)})
+                      input_output_aliases={len(args) - len(kept) + j: k for j, k in enumerate(kept)},
+                      capture=kernel.call.settings.command_buffers)
 
 
 def image_of(cubin: bytes) -> tuple[np.ndarray, int]:
@@ -315,14 +314,14 @@ def image_of(cubin: bytes) -> tuple[np.ndarray, int]:
 
 
 def ffi_launch(image, image_id: int, name: str, args, shapes, *, grid: int, block: int, shared_bytes: int = 0,
-               scalars=(), zero_outputs=(), fill: bool = False, input_output_aliases=None):
+               scalars=(), zero_outputs=(), fill: bool = False, input_output_aliases=None, capture: bool = True):
     """Launch kernel ``name`` of cubin ``image`` on ``grid`` blocks of ``block`` threads through the
     ``jax_cgtp_launch`` FFI target, its parameters the ``args``, then the outputs of ``shapes``,
     then the ``long long`` ``scalars``. Each output's ``zero_outputs`` flag: 1, it starts from zero;
     :data:`KEEP`, it starts as the argument it aliases (``input_output_aliases``); 0, as it is (NaN
-    under ``JAX_CGTP_POISON_OUTPUTS=1``)."""
+    under ``JAX_CGTP_POISON_OUTPUTS=1``). ``capture``: XLA may record the launch in a CUDA graph."""
     _register_target()
-    target = TARGET if COMMAND_BUFFERS else UNCAPTURED_TARGET
+    target = TARGET if capture else UNCAPTURED_TARGET
     return jax.ffi.ffi_call(target, shapes, input_output_aliases=input_output_aliases)(
         *args,
         image=image,

@@ -6,7 +6,7 @@ when it is given no sorted graph.
 first, edges above it last), except that within a node's run the edges come in no fixed order (the
 atomic kernels sum them in no fixed order anyway), and that ``offsets`` has one more entry,
 ``offsets[rows + 1]``, the longest run: a walk that adds the edges past each run's first few
-(:data:`jax_cgtp.schedule.OWNED_RUN_CAP`) returns at once where no run is that long. On a GPU it is
+(``Settings.owned_run_cap``) returns at once where no run is that long. On a GPU it is
 a counting sort (``cuda/group_edges.cu``): each edge takes its rank in its bucket (atomic adds on
 the bucket's count, one per warp and bucket), the counts are summed into ``offsets``, and
 ``cgtp_group_place`` puts each edge at its bucket's start plus its rank, or, where the edges came
@@ -28,7 +28,7 @@ from jax._src import dispatch  # apply_primitive: eager evaluation through the l
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import codegen, cuda_lowering, mesh_axes, nvrtc
+from . import codegen, cuda_lowering, mesh_axes, nvrtc, settings
 from .graph import sort_edges
 
 COUNT_KERNEL, RANK_KERNEL, SCAN_KERNEL, PLACE_KERNEL = (
@@ -113,7 +113,8 @@ def run_kernel(name: str, args, shapes, *, grid: int, edges: int, rows: int, zer
     _, ctype = cuda_lowering.common_index_dtype([args[0]])
     image, image_id = _image(ctype, cuda_lowering.device_arch())
     return cuda_lowering.ffi_launch(image, image_id, name, args, shapes, grid=grid, block=BLOCK,
-                                    shared_bytes=SHARED_BYTES, scalars=[edges, rows], zero_outputs=zero_outputs)
+                                    shared_bytes=SHARED_BYTES, scalars=[edges, rows], zero_outputs=zero_outputs,
+                                    capture=settings.active().command_buffers)
 
 
 def _on_gpu(index, *, rows):

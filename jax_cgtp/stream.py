@@ -12,8 +12,8 @@ as ``z[w, k] += sum_u W[u, w] t[u, k]`` (forward), ``w̄[u, w] = sum_k t[u, k] z
 
 So the launch streams each edge's weight row through the warp's shared memory exactly once, in
 *items* (a path's rows ``u`` in ``[first, first + rows)``, a few KiB each), copied
-asynchronously ``STAGES - 1`` items ahead of the one being computed, across path and edge
-boundaries, into a ring of ``STAGES`` slots. Each slot row is padded to an odd stride, so lanes
+asynchronously ``stages - 1`` items ahead of the one being computed, across path and edge
+boundaries, into a ring of ``stages`` slots (``Settings.stream_stages``). Each slot row is padded to an odd stride, so lanes
 over ``w`` (the forward) and lanes over ``u`` (``h``) both read it without bank conflicts.
 The edge's x, y and z̄ rows are copied the same way, together with the previous edge's first
 item, into double buffers. The output that lanes build channel by channel (``z`` forward,
@@ -29,10 +29,6 @@ from .call import common_arguments
 from .operands import BATCHED, INDEXED
 from .problem import cg_nonzeros
 
-STAGES = 3  # ring slots: items in flight while one is computed = STAGES - 1
-ITEM_BYTES = 4096  # target size of one item's weights
-TILE_STREAM = 8  # consecutive edges a warp takes at a time (the pipeline restarts per tile)
-MAX_WARP_BYTES = 48 * 1024  # shared memory per warp: 4 warps stay within a block's 227 KiB on sm_90
 WARP = 32  # lanes of a warp
 # row kinds the one-pass walks (weight streams and joint passes) handle: y and w per edge, x and z
 # per edge or indexed (a convolution)
@@ -82,7 +78,7 @@ class WeightStream:
     arrays: tuple[tuple[str, int], ...]
     items: tuple[StreamItem, ...]
     slot: int
-    stages: int = STAGES
+    stages: int  # ring slots (Settings.stream_stages)
 
     @property
     def row_role(self) -> str | None:
@@ -103,14 +99,14 @@ def stage_width(row: int) -> int:
     return row if row % 2 else row + 1
 
 
-def split_rows(mul: int, row: int, itemsize: int) -> list[tuple[int, int]]:
+def split_rows(mul: int, row: int, itemsize: int, item_bytes: int) -> list[tuple[int, int]]:
     """``(first, rows)`` of the items covering ``mul`` rows of ``row`` weights: at most 32 rows
-    and about ``ITEM_BYTES`` each, balanced.
+    and about ``item_bytes`` each, balanced.
 
-    >>> split_rows(48, 48, 4), split_rows(48, 10, 4), split_rows(10, 48, 8)
+    >>> split_rows(48, 48, 4, 4096), split_rows(48, 10, 4, 4096), split_rows(10, 48, 8, 4096)
     ([(0, 16), (16, 16), (32, 16)], [(0, 24), (24, 24)], [(0, 10)])
     """
-    most = max(1, min(WARP, ITEM_BYTES // (row * itemsize)))
+    most = max(1, min(WARP, item_bytes // (row * itemsize)))
     count = -(-mul // most)
     rows = -(-mul // count)
     return [(first, min(rows, mul - first)) for first in range(0, mul, rows)]
@@ -123,7 +119,7 @@ def weight_stream(call, outputs, itemsize: int) -> WeightStream | None:
     weights are per edge (BATCHED), y is per edge, x and z are per edge or indexed (a
     convolution); every output has one term over the same inputs; and the launch is the forward
     (``z``) or a backward that reads the weights (any of x̄, ȳ, w̄ but w̄ alone); and the warp's
-    buffers fit in ``MAX_WARP_BYTES``.
+    buffers fit in ``Settings.stream_max_warp_bytes``.
     """
     roles = {o.role: k for k, o in enumerate(outputs)}
     if len(roles) != len(outputs) or ("z" in roles and len(roles) > 1) or set(roles) == {"w"}:
@@ -137,14 +133,16 @@ def weight_stream(call, outputs, itemsize: int) -> WeightStream | None:
     active = [(n, ins) for n, ins in enumerate(problem.instructions) if ins.is_active]
     if not active or any(ins.mode != "uvw" or ins.mul_in2 != 1 or not ins.has_weight for _, ins in active):
         return None
+    settings = call.settings
     items = []
     for n, ins in active:
         (xo, xm, xd), (yo, _, yd), (zo, zm, zd) = (problem.block(ins, r) for r in "xyz")
         path = StreamPath(n, xo, xm, xd, yo, yd, zo, zm, zd, ins.weight_offset, tuple(cg_nonzeros(problem, ins)))
-        items += [StreamItem(path, first, rows) for first, rows in split_rows(xm, zm, itemsize)]
+        items += [StreamItem(path, first, rows) for first, rows in split_rows(xm, zm, itemsize, settings.stream_item_bytes)]
     slot = max(item.rows * stage_width(item.path.z_mul) for item in items)
-    stream = WeightStream(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(items), slot)
-    if sum(stream_buffers(stream, problem).values()) * itemsize > MAX_WARP_BYTES:
+    stream = WeightStream(tuple(sorted(roles.items())), tuple(sorted(arrays.items())), tuple(items), slot,
+                          settings.stream_stages)
+    if sum(stream_buffers(stream, problem).values()) * itemsize > settings.stream_max_warp_bytes:
         return None  # rows too wide to stage per warp
     return stream
 

@@ -1,6 +1,7 @@
 """Test-wide settings: float64 enabled, so reference comparisons can ask for 1e-12; fixtures
 shared by test modules."""
 
+import contextlib
 import os
 
 
@@ -18,7 +19,8 @@ _one_gpu_per_worker()
 import jax  # noqa: E402
 import pytest
 
-from jax_cgtp import cuda_lowering, schedule  # noqa: E402
+import jax_cgtp  # noqa: E402
+from jax_cgtp import cuda_lowering  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -43,14 +45,6 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("slow_compile") is None)
 
 
-@pytest.fixture(autouse=True)
-def owned_forward_on_small_graphs(monkeypatch):
-    """The atomic convolution's forward walks destination runs on the tests' graphs of any size, as
-    it does on graphs of many nodes (``schedule.OWNED_FORWARD_MIN_NODES``; the tests of the rule set
-    it with ``planned_with``, to ``family_members.OWNED_FORWARD_RULE``, the library's)."""
-    monkeypatch.setattr(schedule, "OWNED_FORWARD_MIN_NODES", {"float": 0, "double": 0})
-
-
 @pytest.fixture
 def lower_for_sm90(monkeypatch, tmp_path):
     """Lower for an H100/H200 that is not attached, with a fresh kernel cache."""
@@ -62,15 +56,8 @@ def lower_for_sm90(monkeypatch, tmp_path):
 
 
 @pytest.fixture
-def planned_with(monkeypatch):
-    """``planned_with(ATTR=value, ...)`` sets scheduler settings for one test; plans are cached
-    per call, so the cache is cleared when they are set and after the test."""
-    from jax_cgtp import schedule
-
-    def assign(**settings):
-        for name, value in settings.items():
-            monkeypatch.setattr(schedule, name, value)
-        cuda_lowering._plan.cache_clear()
-
-    yield assign
-    cuda_lowering._plan.cache_clear()
+def planned_with():
+    """``planned_with(name=value, ...)``: the calls the test traces from then on take these settings
+    (fields of :class:`jax_cgtp.Settings`; jax_cgtp caches plans and kernels per settings)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **settings: stack.enter_context(jax_cgtp.config(**settings))

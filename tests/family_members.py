@@ -1,6 +1,8 @@
 """What the kernel tests share: every kind of family call, the comparison with the reference, and
 random graphs. Used by the GPU tests and by the host-emulated kernel tests."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,10 +11,9 @@ import jax_cgtp
 from jax_cgtp.call import Call, Output, Term
 
 TOLERANCE = {jnp.float64: 1e-12, jnp.float32: 1e-5}
-# the library's settings of where the atomic convolution's forward walks destination runs (the tests'
-# conftest lets it walk them on every graph), as ``planned_with`` takes them
-OWNED_FORWARD_RULE = dict(OWNED_FORWARD_MIN_NODES=dict(jax_cgtp.schedule.OWNED_FORWARD_MIN_NODES),
-                          OWNED_FORWARD_RUN_EDGES=jax_cgtp.schedule.OWNED_FORWARD_RUN_EDGES)
+# settings under which the atomic convolution's forward walks destination runs on graphs of any size
+# (the library walks them from thousands of nodes), as ``planned_with`` takes them
+OWNED_FORWARD_ON_SMALL_GRAPHS = dict(owned_forward_min_nodes=(("float", 0), ("double", 0)))
 
 
 def relative_error(a, b):
@@ -30,6 +31,11 @@ def assert_close(actual, expected, dtype):
     for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
         assert a.shape == b.shape
         assert relative_error(a, b) < TOLERANCE[dtype]
+
+
+def with_settings(call, **settings):
+    """``call`` as planned under ``settings`` (fields of :class:`jax_cgtp.Settings`) on top of its own."""
+    return dataclasses.replace(call, settings=dataclasses.replace(call.settings, **settings))
 
 
 def pair(spec, cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
@@ -63,7 +69,7 @@ def whole_chunks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
 
 def uneven_chunks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     """150x0e+40x1o+5x2e over 0e+1o+2e: x blocks of five 32-channel chunks (the last partial), two
-    and one, for the warps that split a tile's chunks (``schedule.CHUNK_WARPS``). On the kernels'
+    and one, for the warps that split a tile's chunks (``DEFAULTS.chunk_warps``). On the kernels'
     backend and on the reference."""
     instructions = [(0, 1, 0, "uvu", True), (1, 0, 1, "uvu", True), (2, 0, 2, "uvu", True), (2, 2, 3, "uvu", True)]
     return pair(("150x0e+40x1o+5x2e", "0e+1o+2e", "150x1o+40x1o+5x2e+5x0e", instructions, {}), cls, kernels,
@@ -72,7 +78,7 @@ def uneven_chunks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
 
 def narrow_blocks_pair(cls=jax_cgtp.TensorProduct, kernels="cuda", **options):
     """32x0e+20x1o+7x2e over 0e+1o+2e: x blocks of one 32-channel chunk each (whole, partial), whose
-    paths the warps of a tile can share (``schedule.PATH_WARPS``). On the kernels' backend and on the
+    paths the warps of a tile can share (``DEFAULTS.path_warps``). On the kernels' backend and on the
     reference."""
     tp = jax_cgtp.channelwise_tensor_product("32x0e+20x1o+7x2e", "0e+1o+2e", filter_ir_out="0e+1o+2e")
     return _same_problem_pair(tp, cls, kernels, options)

@@ -22,6 +22,8 @@ from benchmarks.peers import LIBRARIES  # noqa: E402
 import jax_cgtp  # noqa: E402
 from jax_cgtp import nvrtc  # noqa: E402
 
+DEFAULTS = jax_cgtp.Settings()  # the library's settings
+
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
@@ -153,15 +155,17 @@ def test_min_bytes_of_the_backward_reads_four_operands_and_writes_three():
 
 
 def test_profile_counts_the_launches_that_jit_keeps(lower_for_sm90, capsys):
-    """The launches of a phase, as ``jax.jit`` runs it: a backward's unused forward is dropped (the
-    forward, a walk over destination runs, is two: each run's first edges, then the rest)."""
+    """The launches of a phase, as ``jax.jit`` runs it: a backward's unused forward is dropped (on a
+    graph of a few nodes the forward adds its tiles atomically; where it walks destination runs it
+    is two launches: each run's first edges, then the rest)."""
     from benchmarks import profile
 
     counts = {}
-    for phase in ("conv_fwd", "conv_bwd", "conv_dbwd"):
-        profile.main(["tiny-uvu", phase, "float32", "--edges", "64", "--launches"])
-        counts[phase] = int(capsys.readouterr().out)
-    assert counts == {"conv_fwd": 2, "conv_bwd": 1, "conv_dbwd": 2}
+    for phase, settings in (("conv_fwd", ""), ("conv_fwd", "owned_forward_min_nodes=(('float', 0),)"),
+                            ("conv_bwd", ""), ("conv_dbwd", "")):
+        profile.main(["tiny-uvu", phase, "float32", "--edges", "64", "--launches", "--set", settings])
+        counts[phase, bool(settings)] = int(capsys.readouterr().out)
+    assert counts == {("conv_fwd", False): 1, ("conv_fwd", True): 2, ("conv_bwd", False): 1, ("conv_dbwd", False): 2}
 
 
 @pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
@@ -218,15 +222,13 @@ def test_kernel_stats_reads_registers_and_code_size_from_each_cubin(lower_for_sm
 
 
 @pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
-def test_kernel_stats_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, planned_with):
-    """``--set`` applies scheduler settings before the kernels are planned: with z apart from x̄, ȳ
-    and w̄ at any size, the convolution's force-loss second derivative is one launch more."""
+def test_kernel_stats_plans_under_the_settings_it_is_given(lower_for_sm90, capsys):
+    """``--set`` applies settings while the kernels are planned: with z apart from x̄, ȳ and w̄ at any
+    size, the convolution's force-loss second derivative is one launch more."""
     from benchmarks import kernel_stats
-    from jax_cgtp import schedule
 
-    planned_with(Z_WITH_BACKWARD_MAX_TERMS=schedule.Z_WITH_BACKWARD_MAX_TERMS)  # restored after the test
     launches = []
-    for settings in ("", "jax_cgtp.schedule.Z_WITH_BACKWARD_MAX_TERMS=0"):
+    for settings in ("", "z_with_backward_max_terms=0"):
         kernel_stats.main(["--configs", "tiny-uvu", "--phases", "conv_train", "--dtype", "float32", "--libs", "jax_cgtp",
                            "--set", settings])
         launches.append(len(capsys.readouterr().out.splitlines()) - 1)
@@ -252,37 +254,42 @@ def test_profile_runs_the_phase_on_the_graph_it_is_given(monkeypatch):
 
 
 def test_profile_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, planned_with):
-    """``--set`` applies scheduler settings before the phase is traced (here: the look-ahead ring of
-    the forward, a walk over destination runs, off), and refuses a setting that does not exist."""
+    """``--set`` applies settings while the phase is traced (here: the look-ahead ring of the
+    deterministic forward, a walk over destination runs, off), and refuses a setting that does not
+    exist."""
     from benchmarks import profile
-    from jax_cgtp import schedule
 
-    planned_with(OWNED_AHEAD_DEPTH=schedule.OWNED_AHEAD_DEPTH)  # restored, and the plans forgotten, after the test
+    planned_with(owned_forward_min_nodes=(("float", 0), ("double", 0)))  # the atomic forward walks the runs too
     profile.main(["tiny-uvu", "conv_fwd", "float32", "--edges", "64", "--launches"])
     walk = capsys.readouterr().err.splitlines()[0]
     assert walk.startswith("launch 0:") and "look-ahead ring of 4 slots, each run's first 128 edges" in walk
-    profile.main(["tiny-uvu", "conv_fwd", "float32", "--edges", "64", "--launches",
-                  "--set", "jax_cgtp.schedule.OWNED_AHEAD_DEPTH=0"])
+    profile.main(["tiny-uvu", "conv_fwd", "float32", "--edges", "64", "--launches", "--set", "owned_ahead_depth=0"])
     walk = capsys.readouterr().err.splitlines()[0]
-    assert schedule.OWNED_AHEAD_DEPTH == 0 and walk.startswith("launch 0:") and "look-ahead ring" not in walk
+    assert walk.startswith("launch 0:") and "look-ahead ring" not in walk
+    assert jax_cgtp.settings.active().owned_ahead_depth == DEFAULTS.owned_ahead_depth  # for that command alone
     with pytest.raises(SystemExit):
-        profile.main(["tiny-uvu", "conv_fwd", "float32", "--launches", "--set", "jax_cgtp.schedule.AHEAD_DEPT=0"])
-    assert "jax_cgtp.schedule has no attribute AHEAD_DEPT" in capsys.readouterr().err
+        profile.main(["tiny-uvu", "conv_fwd", "float32", "--launches", "--set", "ahead_dept=0"])
+    assert "'ahead_dept' is not a setting" in capsys.readouterr().err
 
 
-def test_run_applies_and_records_the_settings_it_is_given(tmp_path, planned_with):
-    """``benchmarks.run --set`` assigns the settings for the whole run, records them in the report,
-    and refuses a setting that does not exist."""
-    from jax_cgtp import schedule
+def test_run_applies_and_records_the_settings_it_is_given(tmp_path, monkeypatch):
+    """``benchmarks.run --set`` runs under the settings, records them in the report, leaves them
+    behind when it returns, and refuses a setting that does not exist."""
+    seen = []
+    measure_group = run.measure.measure_group
 
-    planned_with(OWNED_AHEAD_DEPTH=schedule.OWNED_AHEAD_DEPTH)  # restored after the test
+    def recording(*args, **kwargs):
+        seen.append(jax_cgtp.settings.active().owned_ahead_depth)
+        return measure_group(*args, **kwargs)
+
+    monkeypatch.setattr(run.measure, "measure_group", recording)
     result = run.main(["--smoke", "--configs", "tiny-uvu", "--dtype", "float32", "--phases", "conv_fwd", "--libs",
-                       "jax_cgtp", "--out", str(tmp_path), "--no-plots", "--set", "jax_cgtp.schedule.OWNED_AHEAD_DEPTH=1"])
-    assert schedule.OWNED_AHEAD_DEPTH == 1
-    assert result["runs"][0]["settings"] == "jax_cgtp.schedule.OWNED_AHEAD_DEPTH=1"
-    assert "settings jax_cgtp.schedule.OWNED_AHEAD_DEPTH=1" in next(tmp_path.glob("bench*.txt")).read_text()
+                       "jax_cgtp", "--out", str(tmp_path), "--no-plots", "--set", "owned_ahead_depth=1"])
+    assert seen == [1] and jax_cgtp.settings.active().owned_ahead_depth == DEFAULTS.owned_ahead_depth
+    assert result["runs"][0]["settings"] == "owned_ahead_depth=1"
+    assert "settings owned_ahead_depth=1" in next(tmp_path.glob("bench*.txt")).read_text()
     with pytest.raises(SystemExit):
-        run.parse_args(["--set", "jax_cgtp.schedule.OWNED_AHEAD_DEPT=1"])
+        run.parse_args(["--set", "owned_ahead_dept=1"])
 
 
 def test_rows_measure_exactly_the_rows_named_in_their_order(tmp_path, capsys):
@@ -337,7 +344,7 @@ def test_ab_times_each_variant_of_a_setting_on_the_same_row(tmp_path):
     from benchmarks import ab
 
     rows = ab.main(["--configs", "tiny-uvu", "--phases", "conv_fwd", "--edges", "64", "--rounds", "2", "--calls", "2",
-                    "--variant", "base:", "--variant", "plain:jax_cgtp.schedule.WALK_TILE=8"])
+                    "--variant", "base:", "--variant", "plain:walk_tile=8"])
     rows += ab.main(["--configs", "tiny-uvu", "--phases", "conv_bwd", "--edges", "1600", "--graph", "spatial",
                      "--shared-weights", "--rounds", "1", "--calls", "2", "--variant", "base:"])
     rows += ab.main(["--rows", "tiny-uvw:fwd:float64,tiny-uvu:bwd:float32", "--edges", "64", "--rounds", "1",
@@ -356,8 +363,9 @@ def test_ab_times_each_variant_of_a_setting_on_the_same_row(tmp_path):
     kept = json.loads(saved.read_text())  # written after each row: the row measured before the error
     assert [(r["phase"], len(r["ms"]["b"])) for r in kept["rows"]] == [("fwd", 1)] and kept["variants"] == ["b:"]
     assert kept["run"]["git_commit"] and kept["run"]["device"]
-    assert ab.parse_variant("x:jax_cgtp.codegen.A=1; m.B='s'") == ("x", [("jax_cgtp.codegen", "A", 1), ("m", "B", "s")])
-    for bad in ("nameless", ":jax_cgtp.schedule.WALK_TILE=8", "x:WALK_TILE=8", "x:jax_cgtp.schedule.NOT_THERE=1"):
+    assert ab.parse_variant("x:walk_tile=8; lockstep_warps=((800, 4),)") == (
+        "x", {"walk_tile": 8, "lockstep_warps": ((800, 4),)})
+    for bad in ("nameless", ":walk_tile=8", "x:WALK_TILE=8", "x:not_there=1", "x:walk_tile"):
         with pytest.raises(SystemExit):
             ab.main(["--configs", "tiny-uvu", "--phases", "fwd", "--variant", bad])
     for rows in (["--configs", "tiny-uvu"], ["--rows", "tiny-uvu:fwd:float32", "--phases", "fwd"]):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-from family_members import spherical_harmonics_pair
+from family_members import OWNED_FORWARD_ON_SMALL_GRAPHS, spherical_harmonics_pair
 from random_problems import e3nn_tensor_product, random_problem
 
 import jax_cgtp
@@ -120,7 +120,7 @@ def test_planned_kernels_of_calls_that_jit_splits_across_devices_are_each_device
 
     conv, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(6), conv, 6, 80, False)
-    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=40 * conv.irreps_in1.dim * x.dtype.itemsize)
+    planned_with(deterministic_backward_slice_bytes=40 * conv.irreps_in1.dim * x.dtype.itemsize)
 
     def step(x, y, w, src, dst):
         return jax.grad(lambda x: jnp.sum(conv(x, y, w, src, dst, 6) ** 2))(x)
@@ -141,10 +141,12 @@ def test_planned_kernels_of_calls_that_jit_splits_across_devices_are_each_device
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_sorted_graph_gives_the_atomic_variant_its_faster_forward(dtype):
+def test_sorted_graph_gives_the_atomic_variant_its_faster_forward(dtype, planned_with):
     """With ``graph=``, the atomic variant computes the forward of a MACE-like product (joint
-    passes, short code) by the walk over destination runs, and every derivative by the atomic
-    family: values and derivatives of every order are those of the call without a graph."""
+    passes, short code) by the walk over destination runs (here on a small graph too), and every
+    derivative by the atomic family: values and derivatives of every order are those of the call
+    without a graph."""
+    planned_with(**OWNED_FORWARD_ON_SMALL_GRAPHS)
     conv, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
     x, y, w, src, dst = (a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
                          for a in random_graph(jax.random.PRNGKey(13), conv, 6, 20, False))

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
-from family_members import (OWNED_FORWARD_RULE, backward_call, high_l_pair, long_code_pair, random_graph,
+from family_members import (backward_call, with_settings, high_l_pair, long_code_pair, random_graph,
                             spherical_harmonics_pair)
 from random_problems import random_inputs, random_problem
 
@@ -21,6 +21,8 @@ from jax_cgtp import codegen, codegen_joint, cuda_lowering, nvrtc, schedule
 from jax_cgtp.call import Call, Output, Term, forward_call
 from jax_cgtp.operands import BATCHED, INDEXED, SHARED
 from jax_cgtp.problem import MODES
+
+DEFAULTS = jax_cgtp.Settings()  # the library's settings
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed on this machine")
 
@@ -211,7 +213,7 @@ def test_convolution_forward_streams_its_edge_rows(deterministic):
         assert nvrtc.compile_cubin(source, "sm_90", "the convolution's forward")
 
 
-def test_atomic_convolution_forward_in_float64_groups_the_z_components_of_long_code(monkeypatch):
+def test_atomic_convolution_forward_in_float64_groups_the_z_components_of_long_code(planned_with):
     """mace-l2-c128's 2e block has 11 paths (51 z components) in a pass of 351 CG terms: every
     walk by destination keeps the whole block. Above ``SCATTER_Z_MIN_TERMS`` terms (here lowered
     below 351) the float64 atomic walk takes an x block's paths in groups of at most 24 z
@@ -228,10 +230,10 @@ def test_atomic_convolution_forward_in_float64_groups_the_z_components_of_long_c
     assert [x_offset for x_offset, _ in whole] == [0, 128, 512]
     assert schedule.plan(forward_call(problem, kinds, rows), "double", "int")[0].joint.cg_terms == 351
     assert blocks("double") == blocks("double", True) == whole
-    monkeypatch.setattr(schedule, "SCATTER_Z_MIN_TERMS", 350)
+    planned_with(scatter_z_min_terms=350)
     assert blocks("float") == blocks("double", True) == whole
     grouped = schedule.plan(forward_call(problem, kinds, rows), "double", "int")[0].joint.blocks
-    assert all(sum(p.z_dim for p in paths) <= schedule.SCATTER_Z_COMPONENTS[8] for *_, paths in grouped)
+    assert all(sum(p.z_dim for p in paths) <= DEFAULTS.by_size("scatter_z_components", 8) for *_, paths in grouped)
     assert len(grouped) > len(whole)
     regrouped = {}
     for x_offset, _, _, paths in grouped:
@@ -248,9 +250,10 @@ def test_forward_by_destination_holds_at_most_64_z_components(dtype, determinist
     problem = high_l_pair(kernels="auto")[0].problem
     call = forward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), (10, None, None, 10), deterministic=deterministic)
     (kernel,) = schedule.plan(call, dtype, "int")
-    assert kernel.joint.cg_terms <= schedule.SCATTER_Z_MIN_TERMS
-    assert all(sum(p.z_dim for p in paths) <= schedule.MAX_Z_COMPONENTS for *_, paths in kernel.joint.blocks)
-    assert max(sum(p.z_dim for p in paths) for *_, paths in kernel.joint.blocks) > schedule.SCATTER_Z_COMPONENTS[8]
+    assert kernel.joint.cg_terms <= DEFAULTS.scatter_z_min_terms
+    assert all(sum(p.z_dim for p in paths) <= DEFAULTS.max_z_components for *_, paths in kernel.joint.blocks)
+    assert max(sum(p.z_dim for p in paths) for *_, paths in kernel.joint.blocks) > DEFAULTS.by_size(
+        "scatter_z_components", 8)
     assert [x_offset for x_offset, *_ in kernel.joint.blocks].count(2) > 1
     order = [p.ins_index for *_, paths in kernel.joint.blocks for p in paths]
     assert order == sorted(order) and len(order) == len(problem.instructions)
@@ -265,14 +268,14 @@ def test_long_code_walks_the_tile_in_path_groups(dtype, planned_with):
     by source: ``DETERMINISTIC_BACKWARD_SLICE_BYTES`` off) in float64; 512 when they own it in float32.
     A MACE forward keeps one edge per tile, and mace-l2-c128's fused backward (1,053 terms) walks
     in whole x blocks."""
-    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
+    planned_with(deterministic_backward_slice_bytes=0)
     problem = long_code_pair(kernels="auto")[0].problem
     for call in (forward_call(problem, (BATCHED,) * 4), backward_call(problem, (BATCHED,) * 4)):
         (kernel,) = schedule.plan(call, dtype, "int")
-        assert kernel.joint.walk and not kernel.joint.by_destination and kernel.tile == schedule.WALK_TILE == 16
+        assert kernel.joint.walk and not kernel.joint.by_destination and kernel.tile == DEFAULTS.walk_tile == 16
         terms = len(kernel.joint.terms)
         groups = [paths for *_, paths in kernel.joint.blocks]
-        assert all(terms * sum(len(p.nonzeros) for p in g) <= schedule.WALK_GROUP_TERMS or len(g) == 1 for g in groups)
+        assert all(terms * sum(len(p.nonzeros) for p in g) <= DEFAULTS.walk_group_terms or len(g) == 1 for g in groups)
         assert len(groups) > len({x_offset for x_offset, *_ in kernel.joint.blocks})
         order = [p.ins_index for g in groups for p in g]
         assert order == sorted(order) and len(order) == len(problem.instructions)
@@ -285,7 +288,7 @@ def test_long_code_walks_the_tile_in_path_groups(dtype, planned_with):
         call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10),
                              deterministic=deterministic)
         (conv,) = schedule.plan(call, dtype, "int")
-        assert conv.tile == schedule.TILE_INDEXED
+        assert conv.tile == DEFAULTS.tile_indexed
         limit = 512 if deterministic and dtype == "float" else 1024
         group_terms = [3 * sum(len(p.nonzeros) for p in paths) for *_, paths in conv.joint.blocks]
         assert all(t <= limit for t, (*_, paths) in zip(group_terms, conv.joint.blocks) if len(paths) > 1)
@@ -302,7 +305,7 @@ def test_long_code_walks_the_tile_in_path_groups(dtype, planned_with):
     mace_l2_c128 = jax_cgtp.channelwise_tensor_product(
         "128x0e+128x1o+128x2e", "0e+1o+2e+3o", filter_ir_out=[f"{l}{p}" for l in range(4) for p in "eo"]).problem
     (several,) = schedule.plan(backward_call(mace_l2_c128, (BATCHED,) * 4), dtype, "int")
-    assert several.joint.walk and several.tile == schedule.WALK_TILE
+    assert several.joint.walk and several.tile == DEFAULTS.walk_tile
     assert len(several.joint.blocks) == len({x_offset for x_offset, *_ in several.joint.blocks})
 
 
@@ -316,14 +319,14 @@ def test_only_the_convolution_forward_looks_ahead_through_a_ring(dtype):
     registers."""
     problem = mace_problem()
     conv = (INDEXED, BATCHED, BATCHED, INDEXED)
-    for deterministic, depth in ((False, schedule.AHEAD_DEPTH), (True, schedule.OWNED_AHEAD_DEPTH)):
+    for deterministic, depth in ((False, DEFAULTS.ahead_depth), (True, DEFAULTS.owned_ahead_depth)):
         (forward,) = schedule.plan(forward_call(problem, conv, rows=(10, None, None, 10), deterministic=deterministic),
                                    dtype, "int")
         buffers = dict(forward.stage_sizes)
         assert forward.ahead == depth > 0 and "x" not in buffers
         assert buffers["ahead"] == (depth + 1) * max(
             schedule.ahead_slot(forward.joint, members) for members in forward.joint.walked_blocks)
-    assert schedule.OWNED_AHEAD_DEPTH != schedule.AHEAD_DEPTH
+    assert DEFAULTS.owned_ahead_depth != DEFAULTS.ahead_depth
     (backward,) = schedule.plan(backward_call(problem, conv, rows=(10, None, None, 10)), dtype, "int")
     (walk,) = schedule.plan(forward_call(long_code_pair(kernels="auto")[0].problem, (BATCHED,) * 4), dtype, "int")
     assert backward.ahead == walk.ahead == 0 and walk.joint.walk
@@ -331,11 +334,11 @@ def test_only_the_convolution_forward_looks_ahead_through_a_ring(dtype):
     assert ring_copy.search(codegen.generate(forward)) and not ring_copy.search(codegen.generate(walk))
     long_code = long_code_pair(kernels="auto")[0].problem
     (grouped,) = schedule.plan(forward_call(long_code, conv, rows=(10, None, None, 10)), dtype, "int")
-    assert grouped.joint.cg_terms > schedule.GROUPED_TERMS_BY_DESTINATION
-    assert grouped.ahead == (0 if dtype == "float" else schedule.AHEAD_DEPTH)
-    assert grouped.min_blocks == (schedule.GROUPED_FORWARD_BLOCKS if dtype == "float" else 0)
+    assert grouped.joint.cg_terms > DEFAULTS.grouped_terms_by_destination
+    assert grouped.ahead == (0 if dtype == "float" else DEFAULTS.ahead_depth)
+    assert grouped.min_blocks == (DEFAULTS.grouped_forward_blocks if dtype == "float" else 0)
     if dtype == "float":  # ptxas' occupancy target: GROUPED_FORWARD_BLOCKS blocks per SM
-        assert f"__launch_bounds__(128, {schedule.GROUPED_FORWARD_BLOCKS})" in codegen.generate(grouped)
+        assert f"__launch_bounds__(128, {DEFAULTS.grouped_forward_blocks})" in codegen.generate(grouped)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -349,8 +352,7 @@ def test_forward_walk_takes_consecutive_blocks_of_one_mul_together(deterministic
     call = forward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10),
                         deterministic=deterministic)
     for limit, groups in ((64, ((0, 1, 2), (3,))), (30, ((0, 1), (2,), (3,))), (0, ())):
-        planned_with(MERGED_WALK_Z_COMPONENTS=limit)
-        (forward,) = schedule.plan(call, "float", "int")
+        (forward,) = schedule.plan(with_settings(call, merged_walk_z_components=limit), "float", "int")
         joint = forward.joint
         assert [sum(p.z_dim for p in paths) for *_, paths in joint.blocks] == [9, 17, 17, 8]
         assert joint.walk_groups == groups
@@ -371,13 +373,13 @@ def test_walk_groups_are_fewest_then_narrowest():
             (0, mul, x_dim, (types.SimpleNamespace(z_dim=z),)) for mul, z, x_dim in blocks))
 
     lips = joint(*((32, z, x) for z, x in zip((9, 9, 20, 20, 22, 22), (1, 1, 3, 3, 5, 5))))
-    assert schedule._walk_groups(lips, 64, x_limit=4) == ((0, 1), (2,), (3,), (4,), (5,))
-    assert schedule._walk_groups(lips, 64, x_limit=8) == ((0, 1, 2), (3, 4), (5,))
-    assert schedule._walk_groups(lips, 96) == ((0, 1, 2, 3), (4, 5))
-    assert schedule._walk_groups(lips, 64) == ((0, 1, 2, 3), (4, 5))
-    assert schedule._walk_groups(lips, 40) == ((0, 1, 2), (3,), (4,), (5,))
-    assert schedule._walk_groups(joint((128, 16, 1), (128, 24, 3), (128, 31, 5)), 96) == ((0, 1, 2),)
-    assert schedule._walk_groups(joint((128, 9, 1), (32, 9, 1), (32, 70, 3), (32, 5, 5)), 64) == ((0,), (1,), (2,), (3,))
+    assert schedule._walk_groups(DEFAULTS, lips, 64, x_limit=4) == ((0, 1), (2,), (3,), (4,), (5,))
+    assert schedule._walk_groups(DEFAULTS, lips, 64, x_limit=8) == ((0, 1, 2), (3, 4), (5,))
+    assert schedule._walk_groups(DEFAULTS, lips, 96) == ((0, 1, 2, 3), (4, 5))
+    assert schedule._walk_groups(DEFAULTS, lips, 64) == ((0, 1, 2, 3), (4, 5))
+    assert schedule._walk_groups(DEFAULTS, lips, 40) == ((0, 1, 2), (3,), (4,), (5,))
+    assert schedule._walk_groups(DEFAULTS, joint((128, 16, 1), (128, 24, 3), (128, 31, 5)), 96) == ((0, 1, 2),)
+    assert schedule._walk_groups(DEFAULTS, joint((128, 9, 1), (32, 9, 1), (32, 70, 3), (32, 5, 5)), 64) == ((0,), (1,), (2,), (3,))
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -391,8 +393,8 @@ def test_backward_walk_takes_consecutive_blocks_of_one_mul_together(deterministi
     call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10),
                          deterministic=deterministic)
     for limit, groups in ((64, ((0, 1, 2), (3,))), (30, ((0, 1), (2,), (3,))), (0, ())):
-        planned_with(MERGED_BACKWARD_WALK_Z_COMPONENTS={4: limit})
-        kernel = next(k for k in schedule.plan(call, "float", "int") if k.joint is not None)
+        settings = with_settings(call, merged_backward_walk_z_components=((4, limit),))
+        kernel = next(k for k in schedule.plan(settings, "float", "int") if k.joint is not None)
         joint = kernel.joint
         assert joint.walk_groups == groups
         z_rows = [sum(schedule.WARP * schedule.stage_width(p.z_dim) for *_, paths in members for p in paths)
@@ -406,20 +408,19 @@ def test_backward_walk_takes_consecutive_blocks_of_one_mul_together(deterministi
 
 def test_backward_walk_stays_apart_where_merged_z_chunks_cost_warps(planned_with):
     """sevennet-l3-c32's fused backward in float64: merging its 0e and 1o blocks would stage z̄
-    chunks that leave 3 warps per block in MAX_BLOCK_SHARED_BYTES instead of 4 (1.23x the time on an
+    chunks that leave 3 warps per block in ``Settings.max_block_shared_bytes`` instead of 4 (1.23x the time on an
     H200), so its blocks are walked apart; with room for 4 warps they merge."""
     problem = jax_cgtp.channelwise_tensor_product("32x0e+32x1o+32x2e+32x3o", "0e+1o+2e+3o",
                                                   filter_ir_out="0e+0o+1o+1e+2e+2o+3o+3e").problem
     call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10))
 
-    def walk():
-        return next(k for k in schedule.plan(call, "double", "int") if k.joint is not None)
+    def walk(**settings):
+        planned = with_settings(call, merged_backward_walk_z_components=((8, 64),), **settings)
+        return next(k for k in schedule.plan(planned, "double", "int") if k.joint is not None)
 
-    planned_with(MERGED_BACKWARD_WALK_Z_COMPONENTS={8: 64})
     apart = walk()
     assert apart.joint.walk_groups == () and apart.warps_per_block == schedule.WARPS_PER_BLOCK
-    planned_with(MAX_BLOCK_SHARED_BYTES=2 * schedule.MAX_BLOCK_SHARED_BYTES)
-    merged = walk()
+    merged = walk(max_block_shared_bytes=2 * DEFAULTS.max_block_shared_bytes)
     assert merged.joint.walk_groups == ((0, 1), (2,), (3,)) and merged.warps_per_block == schedule.WARPS_PER_BLOCK
 
 
@@ -438,33 +439,32 @@ def test_joint_passes_bound_the_registers_of_high_l_products(dtype, batches):
     assert "const T ye_0 = " in codegen.generate(kernel)
 
 
-def test_launches_fit_the_shared_memory_of_a_block(monkeypatch):
+def test_launches_fit_the_shared_memory_of_a_block():
     """The atomic convolution backward of ``high_l_pair`` stages the 2e block's 125 z̄ components per
     lane: in float64 four warps would need 157 KiB, so a block gets fewer; a warp that alone needs
     more than a block may have is an error naming the problem."""
     problem = high_l_pair(kernels="auto")[0].problem
     call = backward_call(problem, (INDEXED, BATCHED, BATCHED, INDEXED), rows=(10, None, None, 10))
     (kernel,) = schedule.plan(call, "double", "int")
-    assert kernel.smem_per_warp * 8 * schedule.WARPS_PER_BLOCK > schedule.MAX_BLOCK_SHARED_BYTES
-    assert kernel.warps_per_block == schedule.MAX_BLOCK_SHARED_BYTES // (kernel.smem_per_warp * 8) < 4
-    assert kernel.shared_bytes <= schedule.MAX_BLOCK_SHARED_BYTES
+    limit = DEFAULTS.max_block_shared_bytes
+    assert kernel.smem_per_warp * 8 * schedule.WARPS_PER_BLOCK > limit
+    assert kernel.warps_per_block == limit // (kernel.smem_per_warp * 8) < 4
+    assert kernel.shared_bytes <= limit
     assert f"{kernel.warps_per_block} warps per block" in codegen.generate(kernel)
     (narrow,) = schedule.plan(backward_call(mace_problem(), (INDEXED, BATCHED, BATCHED, INDEXED),
                                             rows=(10, None, None, 10)), "double", "int")
     assert narrow.warps_per_block == schedule.WARPS_PER_BLOCK
-    monkeypatch.setattr(schedule, "MAX_BLOCK_SHARED_BYTES", 4096)
     with pytest.raises(ValueError, match=r"needs \d+ bytes of shared memory, more than the 4096 of a block.*2e"):
-        schedule.plan(call, "double", "int")
+        schedule.plan(with_settings(call, max_block_shared_bytes=4096), "double", "int")
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_only_the_atomic_convolution_walks_z_apart_above_the_limit(deterministic, monkeypatch):
+def test_only_the_atomic_convolution_walks_z_apart_above_the_limit(deterministic, planned_with):
     """The second derivative of the force loss w.r.t. y and w (x̄ not needed) with
     ``Z_WITH_BACKWARD_MAX_TERMS`` at 0: the atomic walk by destination puts z in a launch of its
     own; the deterministic one keeps ȳ and w̄ with its owned z rows, by which long runs are
     chunked."""
-    monkeypatch.setattr(schedule, "Z_WITH_BACKWARD_MAX_TERMS", 0)
-    cuda_lowering._plan.cache_clear()
+    planned_with(z_with_backward_max_terms=0)
     conv, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(1), conv, 9, 50, jnp.float32)
 
@@ -481,7 +481,7 @@ def test_only_the_atomic_convolution_walks_z_apart_above_the_limit(deterministic
 def test_deterministic_convolution_reduces_each_node_in_one_warp(planned_with):
     """With ``DETERMINISTIC_BACKWARD_SLICE_BYTES`` off, the deterministic backward walks each source
     node's sorted run on one warp, which owns its x̄ row."""
-    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
+    planned_with(deterministic_backward_slice_bytes=0)
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     call = backward_call(mace_problem(), kinds, rows=(10, None, None, 10), deterministic=True)
     (kernel,) = schedule.plan(call, "double", "long long")
@@ -506,14 +506,14 @@ def test_deterministic_backward_in_slices_walks_by_destination_without_atomics(p
     rows = (10, None, None, 10)
     call = backward_call(mace_problem(), kinds, rows, deterministic=True)
     x_dim = call.problem.irreps_in1.dim
-    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=4096 * x_dim * 4 + 5)
+    call = with_settings(call, deterministic_backward_slice_bytes=4096 * x_dim * 4 + 5)
     walk, total = schedule.plan(call, "float", "int", 100)
     assert walk.slice_walk == total.slice_sum == 4096 and walk.call.walk == "z" and total.call.sorted_roles == ("x",)
     assert [o.flush for o in walk.outputs] == ["slice", "store", "store"] and walk.joint.by_destination
     assert [(o.role, o.flush) for o in total.outputs] == [("x", "own")] and total.segment_role == "x"
     walk, chunked, chunk_total = schedule.plan(call, "double", "int", 1000)
     assert walk.slice_walk == chunked.slice_sum == 2048 and not chunk_total.slice_sum
-    assert (chunked.run_cap, chunked.chunk_walk, chunk_total.chunk_sum) == (schedule.RUN_CHUNK,) * 3
+    assert (chunked.run_cap, chunked.chunk_walk, chunk_total.chunk_sum) == (DEFAULTS.run_chunk,) * 3
     assert chunked.writes_slice_chunk_rows and not total.writes_slice_chunk_rows
     assert walk.writes_positions and not dataclasses.replace(walk, slice_first=False).writes_positions
     assert chunked.kept == () and dataclasses.replace(chunked, slice_first=False).kept == (0,)
@@ -528,15 +528,15 @@ def test_deterministic_backward_in_slices_walks_by_destination_without_atomics(p
     y_alone = Call(mace_problem(), kinds, rows, ("x", "y", "w", "z"), (Output("y", (Term((0, 2, 3)),)),), True)
     for kernels in (atomic, forward, schedule.plan(y_alone, "float", "int", 100)):
         assert not any(k.slice_walk or k.slice_sum for k in kernels)
-    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
-    assert not any(k.slice_walk or k.slice_sum for k in schedule.plan(call, "float", "int", 100))
+    off = with_settings(call, deterministic_backward_slice_bytes=0)
+    assert not any(k.slice_walk or k.slice_sum for k in schedule.plan(off, "float", "int", 100))
 
 
 def test_walks_over_sorted_runs_leave_the_edges_out_of_range_to_every_warp(planned_with):
     """A padded graph's padding edges (index out of range, sorted last) are one long run: a walk
     walks only the nodes' runs, a warp per node, and the per-edge outputs of the edges out of range
     get zeros from every warp of the grid, a warp per edge (the backward: walking by source)."""
-    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
+    planned_with(deterministic_backward_slice_bytes=0)
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     forward_call_ = forward_call(mace_problem(), kinds, (10, None, None, 10), deterministic=True)
     backward = backward_call(mace_problem(), kinds, rows=(10, None, None, 10), deterministic=True)
@@ -595,7 +595,7 @@ def test_deterministic_walks_of_long_code_run_in_lockstep(planned_with):
     CG terms; above it, blocks of W warps walk consecutive runs together and meet before each
     group of paths (the backward: walking by source; the forward as planned without its edge count,
     which keeps it from walking tiles instead)."""
-    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
+    planned_with(deterministic_backward_slice_bytes=0)
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
     def up_to(lmax, irreps_in1, irreps_in2):  # the outputs of l <= lmax (sevennet-l3-c32 and l5-c32)
         return jax_cgtp.channelwise_tensor_product(irreps_in1, irreps_in2, filter_ir_out=[
@@ -608,7 +608,7 @@ def test_deterministic_walks_of_long_code_run_in_lockstep(planned_with):
     (middle,) = schedule.plan(backward_call(l3, kinds, rows=rows, deterministic=True), "float", "int")
     (long,) = schedule.plan(forward_call(l5, kinds, rows, deterministic=True), "float", "int")
     assert [k.joint.cg_terms for k in (short, middle, long)] == [611, 1833, 5265]
-    (low, four), (high, eight) = schedule.LOCKSTEP_WARPS
+    (low, four), (high, eight) = DEFAULTS.lockstep_warps
     assert short.joint.cg_terms <= low < middle.joint.cg_terms <= high < long.joint.cg_terms
     assert not short.lockstep and short.warps_per_block == 1
     for kernel, warps in ((middle, four), (long, eight)):
@@ -623,29 +623,29 @@ def test_deterministic_walks_of_long_code_run_in_lockstep(planned_with):
 def test_shared_weight_gradient_is_a_per_warp_partial():
     call = backward_call(mace_problem(), (BATCHED, BATCHED, SHARED, BATCHED))
     (kernel,) = schedule.plan(call, "float", "int")
-    assert kernel.has_partials and kernel.grid(10**7, 0) == schedule.MAX_PARTIAL_BLOCKS
+    assert kernel.has_partials and kernel.grid(10**7, 0) == DEFAULTS.max_partial_blocks
 
 
 def test_shared_weight_gradient_of_few_edges_uses_small_tiles_to_fill_the_warps():
     call = backward_call(mace_problem(), (BATCHED, BATCHED, SHARED, BATCHED))
     (few,) = schedule.plan(call, "float", "int", 864)
-    assert few.tile == 1 and few.grid(864, 0) == schedule.MAX_PARTIAL_BLOCKS  # 864 tiles x groups
-    assert few.partial_rows(few.grid(864, 0)) == 4 * schedule.MAX_PARTIAL_BLOCKS // few.num_groups
+    assert few.tile == 1 and few.grid(864, 0) == DEFAULTS.max_partial_blocks  # 864 tiles x groups
+    assert few.partial_rows(few.grid(864, 0)) == 4 * DEFAULTS.max_partial_blocks // few.num_groups
     (many,) = schedule.plan(call, "float", "int", 10**6)
-    assert many.tile == schedule.TILE_INDEXED and many.grid(10**6, 0) == schedule.MAX_PARTIAL_BLOCKS
-    assert many.groups == () and many.partial_rows(many.grid(10**6, 0)) == 4 * schedule.MAX_PARTIAL_BLOCKS
+    assert many.tile == DEFAULTS.tile_indexed and many.grid(10**6, 0) == DEFAULTS.max_partial_blocks
+    assert many.groups == () and many.partial_rows(many.grid(10**6, 0)) == 4 * DEFAULTS.max_partial_blocks
     (batched,) = schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int", 864)
     assert batched.tile == 1
 
 
-def test_walks_of_many_edges_per_tile_fill_the_gpu_in_one_wave(monkeypatch):
+def test_walks_of_many_edges_per_tile_fill_the_gpu_in_one_wave():
     """A convolution's atomic walk asks for a warp per FILL_MIN_SPAN edges (the launcher caps the
     grid at the resident blocks) and spreads the edges over the warps; a per-edge product, a
     deterministic walk by runs and a launch with partial rows keep their grids."""
     conv = forward_call(mace_problem(), (INDEXED, BATCHED, BATCHED, INDEXED))
     (walk,) = schedule.plan(conv, "float", "int", 10**5)
-    assert walk.fill and walk.tile == schedule.TILE_INDEXED
-    assert walk.grid(10**5, 0) == -(-10**5 // schedule.FILL_MIN_SPAN // walk.warps_per_block)
+    assert walk.fill and walk.tile == DEFAULTS.tile_indexed
+    assert walk.grid(10**5, 0) == -(-10**5 // DEFAULTS.fill_min_span // walk.warps_per_block)
     source = codegen.generate(walk)
     assert "const long long span = rounds > 0 ?" in source and "const long long first = tile * span;" in source
     (product,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "float", "int", 10**5)
@@ -654,9 +654,6 @@ def test_walks_of_many_edges_per_tile_fill_the_gpu_in_one_wave(monkeypatch):
     (partials,) = schedule.plan(backward_call(mace_problem(), (BATCHED, BATCHED, SHARED, BATCHED)), "float", "int")
     assert not any(k.fill for k in [product, *runs, partials])
     assert f"const long long span = {product.tile};" in codegen.generate(product)
-    monkeypatch.setattr(schedule, "FILL_GRID", False)
-    (fixed,) = schedule.plan(conv, "float", "int", 10**5)
-    assert not fixed.fill and fixed.grid(10**5, 0) == -(-10**5 // schedule.TILE_INDEXED // fixed.warps_per_block)
 
 
 def test_launches_of_few_tiles_spread_their_slots_over_warp_groups():
@@ -667,7 +664,7 @@ def test_launches_of_few_tiles_spread_their_slots_over_warp_groups():
     (kernel,) = schedule.plan(call, "float", "int", 864)
     units = sorted((k, c) for group in kernel.groups for k, begin, end in group for c in range(begin, end))
     chunks = [(k, c) for k, slot in enumerate(kernel.slots) for c in range(schedule.slot_chunks(slot))]
-    assert 1 < kernel.num_groups <= schedule.MAX_GROUPS and units == chunks
+    assert 1 < kernel.num_groups <= DEFAULTS.max_groups and units == chunks
     source = codegen.generate(kernel)
     assert f"const int group = (int)(warp % {kernel.num_groups});" in source
     assert "cgtp_red(dst" in source and "cur = walker;" in source
@@ -739,7 +736,7 @@ def test_nvrtc_compiles_every_member_of_random_problems(lower_for_sm90, dtype):
 def test_nvrtc_compiles_convolution_kernels(lower_for_sm90, deterministic, planned_with):
     """Every launch of the gradients of both modes, and of joint passes with shared weights, on 300
     edges over 5 nodes: runs of 60 edges, so that each deterministic walk is three launches, its
-    runs' first chunk, the later chunks and their sums (``schedule.RUN_CHUNK`` = 50 here), and the
+    runs' first chunk, the later chunks and their sums (``DEFAULTS.run_chunk`` = 50 here), and the
     backward's sum by source two, the first and the later chunks in one launch, then their sums."""
     convs = []
     for mode in ("uvu", "uvw"):
@@ -758,7 +755,7 @@ def test_nvrtc_compiles_convolution_kernels(lower_for_sm90, deterministic, plann
             return jnp.sum(conv(x, y, w, src, dst, 5) ** 2)
 
         grads = jax.grad(loss, argnums=(0, 1, 2))
-        planned_with(RUN_CHUNK=50)
+        planned_with(run_chunk=50)
         walks = [k for k in cuda_lowering.planned_kernels(grads, x, y, w) if k.tiling == "segments"]
         parts = [(k.run_cap, k.chunk_walk, k.chunk_sum) for k in walks]
         if deterministic:  # (the atomic gradients walk tiles)
@@ -818,8 +815,8 @@ def test_lowered_backward_is_one_self_contained_custom_call(lower_for_sm90):
 @needs_nvrtc
 def test_launches_lower_to_the_target_xla_may_capture_in_command_buffers(lower_for_sm90, monkeypatch):
     """The launch target is registered as safe to record in XLA's command buffers (CUDA graphs),
-    and kernels lower to it; with ``COMMAND_BUFFERS = False``, to the same handler registered
-    without that trait."""
+    and kernels lower to it; with ``command_buffers`` off, to the same handler registered without
+    that trait."""
     from jaxlib.xla_client import CustomCallTargetTraits
 
     registered = {}
@@ -837,8 +834,8 @@ def test_launches_lower_to_the_target_xla_may_capture_in_command_buffers(lower_f
 
     try:
         assert targets() == [cuda_lowering.TARGET]
-        monkeypatch.setattr(cuda_lowering, "COMMAND_BUFFERS", False)
-        assert targets() == [cuda_lowering.UNCAPTURED_TARGET]
+        with jax_cgtp.config(command_buffers=False):
+            assert targets() == [cuda_lowering.UNCAPTURED_TARGET]
         assert registered == {cuda_lowering.TARGET: CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE,
                               cuda_lowering.UNCAPTURED_TARGET: None}
     finally:
@@ -947,7 +944,7 @@ def test_free_running_walks_of_long_code_keep_their_registers(planned_with):
         "det_conv_bwd": schedule.plan(backward_call(problem, *conv, deterministic=True), "float", "int"),
         "mace_bwd": schedule.plan(backward_call(mace_problem(), (BATCHED,) * 4), "float", "int"),
     }
-    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
+    planned_with(deterministic_backward_slice_bytes=0)
     kernels["det_src_conv_bwd"] = schedule.plan(backward_call(problem, *conv, deterministic=True), "float", "int")
     blocks = {name: [k.min_blocks for k in launched] for name, launched in kernels.items()}
     assert blocks == {"bwd": [1], "conv_bwd": [1], "conv_fwd": [0], "det_conv_bwd": [1, 0],
@@ -962,7 +959,6 @@ def test_atomic_forward_walks_runs_from_the_librarys_node_counts(dtype, nodes, p
     """The library's rule for mace-l2-c128's atomic conv forward: the walk over destination runs
     from 4,096 nodes in float32 (2,048 in float64) at 16 edges per node, four times as many at 64
     edges per node (the dense graph's), the plain atomic forward below."""
-    planned_with(**OWNED_FORWARD_RULE)
     kinds = (INDEXED, BATCHED, BATCHED, INDEXED)
 
     def walks(rows: int, edges_per_node: int) -> bool:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from family_members import (assert_close, conv_members, conv_second_derivatives, equal_mul_blocks_pair,
+from family_members import (OWNED_FORWARD_ON_SMALL_GRAPHS, assert_close, conv_members, conv_second_derivatives, equal_mul_blocks_pair,
                             fully_connected_pair, grouping_index, high_l_pair, in_float64,
                             interleaved_whole_chunks_pair, members, narrow_blocks_pair, pair, random_graph,
                             second_derivatives,
@@ -28,6 +28,8 @@ from jax_cgtp import codegen, cuda_lowering, schedule
 from jax_cgtp.problem import MODES
 
 import kernel_emulator
+
+DEFAULTS = jax_cgtp.Settings()  # the library's settings
 
 pytestmark = pytest.mark.skipif(not kernel_emulator.available(), reason="needs g++ (C++20) for host emulation")
 
@@ -89,11 +91,11 @@ def test_blocks_of_whole_chunks_match_reference(deterministic):
 
 
 @pytest.mark.parametrize("batch", [0, 1, 40, 150])
-def test_batch_sizes_and_shared_weight_tiles(batch, monkeypatch):
+def test_batch_sizes_and_shared_weight_tiles(batch, planned_with):
     """With 4 partial blocks (16 warps) instead of 256, 40 and 150 rows of shared weights take
     tiles of 4 and 16 edges, and fill the capped grid, at a fraction of the emulation's cost."""
-    monkeypatch.setattr(schedule, "MAX_PARTIAL_BLOCKS", 4)
-    assert [schedule.shared_tile_for(n) for n in (1, 40, 150)] == [1, 4, 16]
+    planned_with(max_partial_blocks=4)
+    assert [schedule.shared_tile_for(jax_cgtp.settings.active(), n) for n in (1, 40, 150)] == [1, 4, 16]
     spec = random_problem(820, mode="uvw", lmax=1)
     kernels, reference = pair(spec, kernels="auto")
     args = random_inputs(jax.random.PRNGKey(batch), spec, (batch,), kernels.weight_numel, jnp.float64, True)
@@ -127,43 +129,13 @@ def test_half_precisions_accumulate_in_float32_and_round_once():
     assert _launches() > before
 
 
-@pytest.mark.parametrize("call", ["product", "atomic", "deterministic"])
-def test_chunks_transposed_by_shuffles_match_reference(call, planned_with):
-    """Every flush's chunks transposed by warp shuffles (``schedule.SHUFFLE_TRANSPOSE``), not through
-    the warp's shared buffer: the product's and the convolution's members in float64, on blocks that
-    end in a partial 32-channel chunk (rows of 1, 3, 5 and 7 components)."""
-    planned_with(SHUFFLE_TRANSPOSE=("store", "own", "red", "atomic", "slice", "tile"))
-    spec = (e3nn.Irreps("5x0e+3x1o+7x2e"), e3nn.Irreps("1x0e+1x1o+1x2e"), e3nn.Irreps("5x2e+3x1o+7x2e+7x1o+7x3o"),
-            [(0, 2, 0, "uvu", True), (1, 0, 1, "uvu", True), (2, 0, 2, "uvu", True), (2, 1, 3, "uvu", True),
-             (2, 1, 4, "uvu", True)], {})
-    before = _launches()
-    if call == "product":
-        kernels, reference = pair(spec, kernels="auto")
-        x, y, w = random_inputs(jax.random.PRNGKey(40), spec, (37,), kernels.weight_numel, jnp.float64, False)
-        g = jax.random.normal(jax.random.PRNGKey(41), (37, kernels.irreps_out.dim), jnp.float64)
-        actual = jax.jit(functools.partial(members, kernels))(x, y, w, g)
-        expected = jax.jit(functools.partial(members, reference))(x, y, w, g)
-    else:
-        kernels, reference = pair(spec, jax_cgtp.TensorProductConv, kernels="auto",
-                                  deterministic=call == "deterministic")
-        args = random_graph(jax.random.PRNGKey(42), kernels, 9, 60, jnp.float64, bad_fraction=0.1)
-        actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
-        expected = jax.jit(functools.partial(conv_members, reference, 9))(*args)
-    launched = kernel_emulator.launched()[before:]
-    assert launched and all(k.transpose_size == 0 for k in launched)
-    calls = [re.findall(r"cgtp_transpose_rows<(\d+)>\(v\)", codegen.generate(k)) for k in launched]
-    z_only = set() if call == "deterministic" else {"7"}  # that forward writes z lane by lane (LANE_WRITES)
-    assert {"3", "5"} | z_only <= {d for found in calls for d in found}
-    assert_close(actual, expected, jnp.float64)
-
-
 @pytest.mark.parametrize("make_pair, parts, group", [(narrow_blocks_pair, 2, 2), (narrow_blocks_pair, 4, 4),
                                                      (uneven_chunks_pair, 2, 8), (uneven_chunks_pair, 4, 16)])
 def test_forward_tiles_shared_by_path_warps_match_reference(make_pair, parts, group, planned_with):
-    """The paths of the product's forward in parts (``schedule.PATH_WARPS``), each run by its warps
+    """The paths of the product's forward in parts (``DEFAULTS.path_warps``), each run by its warps
     of the tile's group: x blocks of one chunk each (the paths alone), or of up to five chunks, four
     warps per part splitting them (groups of 8 and 16 warps, in blocks that hold them); 37 edges."""
-    planned_with(PATH_WARPS=parts, MAX_TILE_GROUP=16)
+    planned_with(path_warps=parts, max_tile_group=16)
     kernels, reference = make_pair(kernels="auto")
     keys = jax.random.split(jax.random.PRNGKey(45), 3)
     x, y, w = (jax.random.normal(k, (37, d), jnp.float64) for k, d in zip(
@@ -175,36 +147,32 @@ def test_forward_tiles_shared_by_path_warps_match_reference(make_pair, parts, gr
     assert_close(actual, jax.jit(reference)(x, y, w), jnp.float64)
 
 
-@pytest.mark.parametrize("make_pair, parts, group, chunk_loop", [
-    (uneven_chunks_pair, 0, 4, "for (int c = group; c < 5; c += 4)"),
-    (uneven_chunks_pair, 2, 8, "for (int c = group % 4; c < 5; c += 4)"),
-    (narrow_blocks_pair, 4, 4, "for (int c = 0; c < 1; ++c)")])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_forward_walks_share_runs_among_chunk_warps(deterministic, make_pair, parts, group, chunk_loop, planned_with):
+def test_forward_walks_share_runs_among_chunk_warps(deterministic, planned_with):
     """The convolution's forward walking destination runs with a group of warps per run
-    (``schedule.WALK_CHUNK_WARPS``, ``WALK_PATH_WARPS``): four warps each running every fourth chunk
-    of x blocks of five, two and one chunks, in one part or two of the paths; or four parts of the
-    paths of blocks of one chunk. Every convolution member matches the reference (runs of up to 4
-    edges: the deterministic walk's chunks of ``RUN_CHUNK=4`` take a warp each)."""
-    planned_with(WALK_CHUNK_WARPS=4, WALK_PATH_WARPS=parts, MAX_TILE_GROUP=16, RUN_CHUNK=4)
+    (``Settings.walk_chunk_warps``): four warps each running every fourth chunk of x blocks of five,
+    two and one chunks. Every convolution member matches the reference (runs of up to 4 edges: the
+    deterministic walk's chunks of ``run_chunk=4`` take a warp each)."""
+    planned_with(walk_chunk_warps=4, run_chunk=4, **OWNED_FORWARD_ON_SMALL_GRAPHS)
+    make_pair, group, chunk_loop = uneven_chunks_pair, 4, "for (int c = group; c < 5; c += 4)"
     kernels, reference = make_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(47), kernels, 9, 60, jnp.float64, bad_fraction=0.1)
     before = _launches()
     actual = jax.jit(functools.partial(conv_members, kernels, 9))(*args)
     walks = [k for k in kernel_emulator.launched()[before:] if k.num_groups > 1 and k.joint is not None]
     assert walks and all(k.num_groups == group and k.tiling == "segments" and k.warps_per_block == group
-                         and k.path_warps == max(parts, 1) for k in walks)
+                         and k.path_warps == 1 for k in walks)
     assert all(chunk_loop in codegen.generate(k) for k in walks)  # which chunks a warp runs
     assert_close(actual, jax.jit(functools.partial(conv_members, reference, 9))(*args), jnp.float64)
 
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_forward_tiles_shared_by_chunk_warps_match_reference(shared, planned_with):
-    """Four warps per tile of the product's forward (``schedule.CHUNK_WARPS``), each running every
+    """Four warps per tile of the product's forward (``DEFAULTS.chunk_warps``), each running every
     fourth 32-channel chunk: x blocks of five chunks (warp 0 runs two, the last partial), two (two
     warps idle) and one, on 37 edges, per-edge or shared weights; a grid of two blocks, so that each
     group walks many tiles."""
-    planned_with(CHUNK_WARPS=4, MAX_BLOCKS=2)
+    planned_with(chunk_warps=4, max_blocks=2)
     kernels, reference = uneven_chunks_pair(kernels="auto")
     shape = (37, kernels.weight_numel) if not shared else (kernels.weight_numel,)
     keys = jax.random.split(jax.random.PRNGKey(43), 3)
@@ -223,7 +191,7 @@ def test_joint_passes_of_the_convolution_sum_shared_weights_in_partial_rows(dete
     the second derivative's) sum w̄ over each warp's edges in registers and add it to the warp's
     partial row; every member matches the reference. One block of partials: each warp walks several
     tiles or runs, whose sums its row adds up."""
-    planned_with(MAX_PARTIAL_BLOCKS=1)
+    planned_with(max_partial_blocks=1)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto",
                                                   deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(59), kernels, 12, 300, jnp.float64, bad_fraction=0.1, shared=True)
@@ -266,11 +234,12 @@ def test_grouping_kernels_group_edges_by_index(edges, rows, order, index_dtype):
 
 
 @pytest.mark.parametrize("given", ["graph", "grouped", "sorted_by_dst"])
-def test_atomic_convolution_owns_only_the_forward(given):
+def test_atomic_convolution_owns_only_the_forward(given, planned_with):
     """The atomic variant of a joint-pass product computes its forward by the walk over
-    destination runs (z written once per node) and every derivative by atomic kernels, whose
-    tiles visit the edges grouped by ``dst``: by ``graph=``'s ordering, or by the grouping kernel
-    of each call (on edges in no order, or already sorted)."""
+    destination runs (z written once per node; here on a small graph too) and every derivative by
+    atomic kernels, whose tiles visit the edges grouped by ``dst``: by ``graph=``'s ordering, or by
+    the grouping kernel of each call (on edges in no order, or already sorted)."""
+    planned_with(**OWNED_FORWARD_ON_SMALL_GRAPHS)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
     args = random_graph(jax.random.PRNGKey(51), kernels, 9, 60, jnp.float64, bad_fraction=0.1,
                         sorted_by_dst=given == "sorted_by_dst")
@@ -296,7 +265,7 @@ def test_atomic_forward_walks_destination_runs_on_many_nodes(dtype, run_edges, w
     mean run (60 edges on 9 nodes: 6.7) is longer than ``OWNED_FORWARD_RUN_EDGES`` (here 7: 9 nodes
     do; 6: 10 are needed), else it adds each edge's z atomically, its tiles over the edges grouped by
     destination all the same; every member matches the reference either way."""
-    planned_with(OWNED_FORWARD_MIN_NODES={"float": 9, "double": 10}, OWNED_FORWARD_RUN_EDGES=run_edges)
+    planned_with(owned_forward_min_nodes=(("float", 9), ("double", 10)), owned_forward_run_edges=run_edges)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
     args = random_graph(jax.random.PRNGKey(58), kernels, 9, 60, dtype, bad_fraction=0.1)
     before, grouped = _launches(), len(kernel_emulator.groupings())
@@ -313,7 +282,7 @@ def test_atomic_forward_walks_each_runs_first_edges_and_adds_the_rest_on_every_w
     first ``OWNED_RUN_CAP`` edges and writes the row, and a second launch, the atomic forward's
     tiles over the grouped edges, adds the edges past the cap (at once done where the grouping
     found no run longer than the cap: under a cap of 64); every member matches the reference."""
-    planned_with(OWNED_RUN_CAP=cap)
+    planned_with(owned_run_cap=cap, **OWNED_FORWARD_ON_SMALL_GRAPHS)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
     # node 4 takes a third of the edges: a run of 40, five times the cap of 8
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(57), kernels, 9, 120, jnp.float64, bad_fraction=0.1,
@@ -334,11 +303,11 @@ def test_deterministic_walks_split_long_runs_into_chunks_added_in_order(lockstep
     walk over sorted runs walks the runs' first chunk, a second launch walks every later chunk on a
     warp of its own into a row of its own (rows poisoned), and a third adds those rows to the node's
     in chunk order; every member matches the reference. ``lockstep``: the first walks in step (the
-    forward too: ``TILED_DETERMINISTIC_FORWARD`` off).
+    forward too: no bytes for the tiled forward's partial rows).
     ``shared``: the backward by source also sums w̄ of shared weights, the chunks into partial rows
     of their own. (The backward walks by source: ``DETERMINISTIC_BACKWARD_SLICE_BYTES`` off.)"""
-    planned_with(RUN_CHUNK=4, DETERMINISTIC_BACKWARD_SLICE_BYTES=0, TILED_DETERMINISTIC_FORWARD=False,
-                 **({"LOCKSTEP_WARPS": ((0, 2),)} if lockstep else {}))
+    planned_with(run_chunk=4, deterministic_backward_slice_bytes=0, tiled_forward_max_bytes=0,
+                 **({"lockstep_warps": ((0, 2),)} if lockstep else {}))
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
     # node 4 receives 40 edges: ten chunks (eight added at once); node 2 sends 30 edges (some of them
     # to node 4): eight chunks, the last of 2
@@ -453,13 +422,13 @@ def test_joint_passes_of_the_convolution_match_reference(sorted_by_dst, determin
 @pytest.mark.parametrize("warps, one_block, num_nodes, num_edges", [(2, False, 9, 60), (4, False, 4, 100),
                                                                     (4, True, 9, 60)])
 def test_deterministic_walks_in_lockstep_match_reference(warps, one_block, num_nodes, num_edges, planned_with):
-    """Every walk over sorted runs in lockstep (``schedule.LOCKSTEP_WARPS``): the block's warps
+    """Every walk over sorted runs in lockstep (``DEFAULTS.lockstep_warps``): the block's warps
     walk consecutive runs as long as the longest (a 90-edge run beside empty ones with 4 nodes),
     out-of-range indices and isolated nodes included; ``one_block``: a grid of one block walks
     every run in turn. (The backward walks by source: ``DETERMINISTIC_BACKWARD_SLICE_BYTES`` off; the
-    forward walks its runs too: ``TILED_DETERMINISTIC_FORWARD`` off.)"""
-    planned_with(LOCKSTEP_WARPS=((0, warps),), DETERMINISTIC_BACKWARD_SLICE_BYTES=0, TILED_DETERMINISTIC_FORWARD=False,
-                 **({"MAX_BLOCKS": 1} if one_block else {}))
+    forward walks its runs too: no bytes for the tiled forward's partial rows.)"""
+    planned_with(lockstep_warps=((0, warps),), deterministic_backward_slice_bytes=0, tiled_forward_max_bytes=0,
+                 **({"max_blocks": 1} if one_block else {}))
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
     args = random_graph(jax.random.PRNGKey(num_nodes), kernels, num_nodes, num_edges, jnp.float64, bad_fraction=0.1)
     before = _launches()
@@ -493,7 +462,7 @@ def test_deterministic_forward_in_tiles_sums_the_partial_rows_in_order(make_pair
     tiles), node 5's edges all come from out-of-range sources (a row of zeros), the last nodes receive
     none; a block of z that no path writes is zeros. Every member matches the reference, and the
     forward is the same bits twice."""
-    planned_with(LOCKSTEP_WARPS=((0, 4),))
+    planned_with(lockstep_warps=((0, 4),))
     kernels, reference = make_pair()
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(7), kernels, 12, 150, jnp.float64, bad_fraction=0.1,
                                      edit=_hub_and_node_of_padding_sources)
@@ -514,7 +483,7 @@ def test_deterministic_forward_in_tiles_sums_the_partial_rows_in_order(make_pair
 def test_deterministic_forward_keeps_the_lockstep_walk_where_partial_rows_would_pass_the_cap(planned_with):
     """Above ``TILED_FORWARD_MAX_BYTES`` of partial rows (a graph of many edges; here 150 edges) the
     deterministic forward walks its runs in lockstep, with no partial rows, and matches the reference."""
-    planned_with(LOCKSTEP_WARPS=((0, 4),), TILED_FORWARD_MAX_BYTES=1000)
+    planned_with(lockstep_warps=((0, 4),), tiled_forward_max_bytes=1000)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", deterministic=True)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(8), kernels, 12, 150, jnp.float64, bad_fraction=0.1)
     before = _launches()
@@ -551,18 +520,13 @@ def test_members_of_a_high_l_product_match_reference():
 
 
 @pytest.fixture
-def long_code(monkeypatch):
+def long_code():
     """Joint passes of more than 100 CG terms walk the tile's edges in groups of at most 150: all
     of the high-l pair's then walk (at the library's thresholds only its passes of several terms
-    do, in whole x blocks). Plans are cached per call, so the cache is cleared before and after."""
-    for threshold in ("WALK_TERMS", "MULTI_TERM_WALK_TERMS", "GROUPED_TERMS_BY_DESTINATION"):
-        monkeypatch.setattr(schedule, threshold, 100)
-    monkeypatch.setattr(schedule, "WALK_GROUP_TERMS", 150)
-    monkeypatch.setattr(schedule, "WALK_GROUP_TERMS_BY_DESTINATION", 150)
-    monkeypatch.setattr(schedule, "WIDE_GROUP_TERMS_BY_DESTINATION", 150)
-    cuda_lowering._plan.cache_clear()
-    yield
-    cuda_lowering._plan.cache_clear()
+    do, in whole x blocks)."""
+    with jax_cgtp.config(walk_terms=100, multi_term_walk_terms=100, grouped_terms_by_destination=100,
+                         walk_group_terms=150, walk_group_terms_by_destination=150, wide_group_terms_by_destination=150):
+        yield
 
 
 def _splits_an_x_block(joint) -> bool:
@@ -637,10 +601,10 @@ def test_high_l_convolution_backward_in_blocks_of_fewer_warps_matches_reference(
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_convolution_forward_looks_ahead_through_a_ring(depth, deterministic, planned_with):
     """The forward by destination copies each edge's x chunk and weights ``depth`` edges ahead into
-    a ring of ``depth + 1`` slots (``schedule.AHEAD_DEPTH``, ``OWNED_AHEAD_DEPTH`` when
+    a ring of ``depth + 1`` slots (``DEFAULTS.ahead_depth``, ``OWNED_AHEAD_DEPTH`` when
     deterministic), and its JVP (x, y and w tangents: two x and two w inputs) shares the slots
     between its inputs."""
-    planned_with(AHEAD_DEPTH=depth, OWNED_AHEAD_DEPTH=depth)
+    planned_with(ahead_depth=depth, owned_ahead_depth=depth)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto",
                                                   deterministic=deterministic)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(depth), kernels, 9, 70, jnp.float64, bad_fraction=0.1)
@@ -685,7 +649,7 @@ def _forward_and_jvp_walks(make_pair, deterministic, dtype, seed):
 @pytest.mark.parametrize("problem", ["whole chunks", "interleaved paths"])
 def test_convolution_forward_ring_copies_sixteen_bytes_per_lane(problem, deterministic, dtype):
     """Where a block's chunks are whole and its offsets are multiples of 16 bytes, each lane copies
-    16 bytes into the look-ahead ring at a time (``schedule.AHEAD_COPY_BYTES``): the x chunk, and
+    16 bytes into the look-ahead ring at a time (``DEFAULTS.ahead_copy_bytes``): the x chunk, and
     the weights of 16 bytes' worth of paths per instruction (four in float32, two in float64),
     their offsets evenly spaced or not.
     The forward and its JVP (two x and two w inputs) match the reference."""
@@ -741,7 +705,7 @@ def test_convolution_forward_ring_copies_elements_where_a_block_is_not_whole(pla
     walk, whole_walk = (k for k in kernel_emulator.launched()[-4:] if k.ahead and not k.beyond_cap)
     assert all(walk.ring_copy_width(o, mul, paths) == 1 for o, mul, _, paths in walk.joint.blocks)
     assert not VECTOR_COPY.search(codegen.generate(walk))
-    planned_with(AHEAD_COPY_BYTES=0)
+    planned_with(ahead_copy_bytes=0)
     assert whole_walk.ring_copy_width(0, 64, whole_walk.joint.blocks[0][3]) == 2
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(64), whole, 9, 41, jnp.float64)  # (traced anew)
     before = _launches()
@@ -756,14 +720,15 @@ def test_convolution_forward_with_path_groups_matches_reference(sorted_by_dst, p
     at most 64 z components, and of at most 24 in passes of long code (``SCATTER_Z_MIN_TERMS``,
     lowered here to cover them). It is the forward taken where the walk over destination runs
     would run in lockstep (long code; here every walk, ``LOCKSTEP_WARPS``)."""
-    planned_with(SCATTER_Z_MIN_TERMS=0, LOCKSTEP_WARPS=((0, 4),))
+    planned_with(scatter_z_min_terms=0, lockstep_warps=((0, 4),))
     kernels, reference = wide_block_pair(jax_cgtp.TensorProductConv, kernels="auto")
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(44), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
                                      sorted_by_dst=sorted_by_dst)
     actual, launch = _forward_and_its_launch(kernels, x, y, w, src, dst)
     assert launch.call.walk == "z" and launch.outputs[0].flush == "atomic"
     assert _splits_an_x_block(launch.joint)
-    assert max(sum(p.z_dim for p in paths) for *_, paths in launch.joint.blocks) <= schedule.SCATTER_Z_COMPONENTS[8]
+    assert max(sum(p.z_dim for p in paths) for *_, paths in launch.joint.blocks) <= DEFAULTS.by_size(
+        "scatter_z_components", 8)
     assert_close(actual, jax.jit(reference, static_argnums=5)(x, y, w, src, dst, 9), jnp.float64)
 
 
@@ -777,7 +742,7 @@ def test_second_derivatives_of_the_convolution_are_joint_passes(sorted_by_dst, d
     slices, whose x̄ rows the next launches sum by source, and a forward by destination). Two paths have no weights, so that the terms of the weights'
     tangent skip them."""
     if z_apart:
-        planned_with(Z_WITH_BACKWARD_MAX_TERMS=0)
+        planned_with(z_with_backward_max_terms=0)
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", unweighted=(1, 6),
                                                   deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(49), kernels, 9, 50, jnp.float64, bad_fraction=0.1,
@@ -826,8 +791,8 @@ def test_deterministic_backward_in_slices_walks_by_destination(family, shared, e
     kernels, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto", unweighted=(1, 6),
                                                   deterministic=True)
     itemsize = jnp.dtype(dtype).itemsize
-    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=-(-edges // 4) * kernels.irreps_in1.dim * itemsize,
-                 RUN_CHUNK=run_chunk)
+    planned_with(deterministic_backward_slice_bytes=-(-edges // 4) * kernels.irreps_in1.dim * itemsize,
+                 run_chunk=run_chunk)
     with jax.enable_x64(dtype == jnp.float64):
         args = random_graph(jax.random.PRNGKey(58), kernels, 9, edges, dtype, bad_fraction=0.1, shared=shared)
         runs = jnp.bincount(jnp.where(args[3] >= 0, args[3], 9), length=10)[:9]

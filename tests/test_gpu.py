@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-from family_members import (OWNED_FORWARD_RULE, assert_close, conv_members, conv_second_derivatives,
+from family_members import (OWNED_FORWARD_ON_SMALL_GRAPHS, assert_close, conv_members, conv_second_derivatives,
                             equal_mul_blocks_pair, fully_connected_pair, grouping_index, high_l_pair, in_float64,
                             interleaved_whole_chunks_pair, long_code_pair, members, narrow_blocks_pair, pair,
                             random_graph, relative_error, second_derivatives, spherical_harmonics_pair,
@@ -31,6 +31,7 @@ from jax_cgtp.cuda_lowering import planned_kernels, precompile
 from jax_cgtp.problem import MODES
 
 os.environ["JAX_CGTP_POISON_OUTPUTS"] = "1"
+DEFAULTS = jax_cgtp.Settings()  # the library's settings
 
 pytestmark = [
     pytest.mark.gpu,
@@ -172,7 +173,7 @@ def test_joint_passes_and_weight_streams_match_reference(pairing, dtype):
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_forward_tiles_shared_by_chunk_warps_match_reference(dtype, shared):
     """The product's forward with four warps per tile, each running every fourth 32-channel chunk
-    (``schedule.CHUNK_WARPS``): x blocks of five chunks, two and one; 1001 edges, per-edge or
+    (``DEFAULTS.chunk_warps``): x blocks of five chunks, two and one; 1001 edges, per-edge or
     shared weights; every family member."""
     cuda, reference = uneven_chunks_pair()
     keys = jax.random.split(jax.random.PRNGKey(44), 4)
@@ -188,10 +189,10 @@ def test_forward_tiles_shared_by_chunk_warps_match_reference(dtype, shared):
 @pytest.mark.parametrize("make_pair, parts, group", [(narrow_blocks_pair, 4, 4), (uneven_chunks_pair, 2, 8)])
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_forward_tiles_shared_by_path_warps_match_reference(dtype, make_pair, parts, group, planned_with):
-    """The product's forward with its paths in parts (``schedule.PATH_WARPS``), each run by its warps
+    """The product's forward with its paths in parts (``DEFAULTS.path_warps``), each run by its warps
     of the tile's group: four parts of x blocks of one chunk each, or two parts of four warps that
     split blocks of up to five chunks; 1001 edges; every family member."""
-    planned_with(PATH_WARPS=parts, MAX_TILE_GROUP=16)
+    planned_with(path_warps=parts, max_tile_group=16)
     cuda, reference = make_pair()
     keys = jax.random.split(jax.random.PRNGKey(46), 4)
     x, y, w, g = (jax.random.normal(k, (1001, d), dtype) for k, d in zip(
@@ -297,7 +298,6 @@ def test_atomic_convolution_with_a_sorted_graph_matches_reference(dtype, sorted_
 def test_atomic_forward_on_few_nodes_matches_reference(dtype, sorted_by_dst, planned_with):
     """On fewer nodes than ``OWNED_FORWARD_MIN_NODES`` (the library's), the atomic variant's forward
     adds each edge's z atomically instead of walking destination runs; every member matches."""
-    planned_with(**OWNED_FORWARD_RULE)
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv)
     args = random_graph(jax.random.PRNGKey(48), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     _assert_conv_members_match(cuda, reference, 300, args, dtype)
@@ -329,10 +329,10 @@ def test_convolution_with_long_code_matches_reference(dtype, deterministic):
 def test_convolution_with_wide_blocks_matches_reference(dtype, sorted_by_dst, scatter_z_min_terms, planned_with):
     """Blocks with more z components than a walk by destination holds at once: its forward walks
     them path group by path group, of at most 64 z components, and in the float64 atomic walk of
-    at most 24 when the pass has more than ``schedule.SCATTER_Z_MIN_TERMS`` CG terms (0: this
+    at most 24 when the pass has more than ``DEFAULTS.scatter_z_min_terms`` CG terms (0: this
     one's 524 too)."""
     if scatter_z_min_terms is not None:
-        planned_with(SCATTER_Z_MIN_TERMS=scatter_z_min_terms)
+        planned_with(scatter_z_min_terms=scatter_z_min_terms)
     cuda, reference = wide_block_pair(jax_cgtp.TensorProductConv)
     args = random_graph(jax.random.PRNGKey(45), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)
     _assert_conv_members_match(cuda, reference, 300, args, dtype)
@@ -377,7 +377,7 @@ def test_second_derivatives_of_the_convolution_match_reference(dtype, sorted_by_
 def test_second_derivatives_of_the_convolution_with_z_apart_match_reference(dtype, planned_with):
     """The atomic launches of the force loss's second derivative with z in a forward walk of its
     own, as for passes of more than ``Z_WITH_BACKWARD_MAX_TERMS`` CG terms (0 here)."""
-    planned_with(Z_WITH_BACKWARD_MAX_TERMS=0)
+    planned_with(z_with_backward_max_terms=0)
     _assert_conv_second_derivatives_match(dtype, sorted_by_dst=False, deterministic=False)
 
 
@@ -422,8 +422,8 @@ def test_deterministic_walks_in_lockstep_match_reference(dtype, long_runs, tiled
     library's thresholds only passes of long CG code do); ``long_runs``: node 3 sends and node 7
     receives 1,000 edges, which the walks in step cap at ``RUN_CHUNK`` and the chunk walks finish.
     ``tiled_forward``: the forward walks 32-edge tiles instead and sums the partial rows of the runs
-    that cross a tile's edge (``schedule.TILED_DETERMINISTIC_FORWARD``, the library's setting)."""
-    planned_with(LOCKSTEP_WARPS=((0, 4),), TILED_DETERMINISTIC_FORWARD=tiled_forward)
+    that cross a tile's edge (the library's plan; without, no bytes for those partial rows)."""
+    planned_with(lockstep_warps=((0, 4),), **({} if tiled_forward else {"tiled_forward_max_bytes": 0}))
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
     hubs = (lambda src, dst: (src.at[:1000].set(3), dst.at[2000:3000].set(7))) if long_runs else None
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(47), cuda, 300, 5000, dtype, bad_fraction=0.05, edit=hubs)
@@ -434,9 +434,9 @@ def test_deterministic_walks_in_lockstep_match_reference(dtype, long_runs, tiled
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_convolution_forward_look_ahead_depths_match_reference(dtype, depth, planned_with):
     """The forward by destination with its x chunks and weights copied 1, 2 or 3 edges ahead
-    (``schedule.AHEAD_DEPTH`` and ``OWNED_AHEAD_DEPTH``, both set; the library's are 2 and 3),
+    (``DEFAULTS.ahead_depth`` and ``OWNED_AHEAD_DEPTH``, both set; the library's are 2 and 3),
     atomic and deterministic."""
-    planned_with(AHEAD_DEPTH=depth, OWNED_AHEAD_DEPTH=depth)
+    planned_with(ahead_depth=depth, owned_ahead_depth=depth)
     for deterministic in (False, True):
         cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
         args = random_graph(jax.random.PRNGKey(depth), cuda, 300, 5000, dtype, bad_fraction=0.05)
@@ -448,7 +448,7 @@ def test_convolution_forward_look_ahead_depths_match_reference(dtype, depth, pla
 @pytest.mark.parametrize("make_pair", [whole_chunks_pair, interleaved_whole_chunks_pair])
 def test_convolution_forward_ring_of_sixteen_byte_copies_matches_reference(dtype, sorted_by_dst, make_pair):
     """Blocks of whole 32-channel chunks, as in the public configs: the forward by destination
-    copies 16 bytes per lane into its look-ahead ring (``schedule.AHEAD_COPY_BYTES``; the weights
+    copies 16 bytes per lane into its look-ahead ring (``DEFAULTS.ahead_copy_bytes``; the weights
     of several paths per copy, evenly spaced or not), atomic and deterministic; every member."""
     for deterministic in (False, True):
         cuda, reference = make_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
@@ -464,7 +464,7 @@ def test_convolution_forward_ring_of_sixteen_byte_copies_matches_reference(dtype
 @pytest.mark.parametrize("make_pair", [whole_chunks_pair, equal_mul_blocks_pair])
 def test_convolution_forward_walks_blocks_of_one_mul_together(dtype, sorted_by_dst, make_pair):
     """The forward by destination walks consecutive x blocks of equal ``mul`` as one group
-    (``schedule.MERGED_WALK_Z_COMPONENTS``), their x chunks and weights in one ring slot per edge:
+    (``DEFAULTS.merged_walk_z_components``), their x chunks and weights in one ring slot per edge:
     16-byte copies for 64-channel blocks, element copies for 33; atomic and deterministic; every
     member."""
     for deterministic in (False, True):
@@ -476,18 +476,15 @@ def test_convolution_forward_walks_blocks_of_one_mul_together(dtype, sorted_by_d
         _assert_conv_members_match(cuda, reference, 300, args, dtype)
 
 
-@pytest.mark.parametrize("make_pair, parts, group", [(uneven_chunks_pair, 0, 4), (uneven_chunks_pair, 2, 8),
-                                                     (narrow_blocks_pair, 4, 4)])
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_convolution_forward_walks_share_runs_among_chunk_warps(dtype, deterministic, make_pair, parts, group,
-                                                                 planned_with):
-    """The forward walking destination runs with a group of warps per run (``schedule.WALK_CHUNK_WARPS``,
-    ``WALK_PATH_WARPS``): four warps each running every fourth chunk of x blocks of five, two and one
-    chunks, in one part or two of the paths; or four parts of the paths of blocks of one chunk; 300
-    nodes, 5000 edges; every member."""
-    planned_with(WALK_CHUNK_WARPS=4, WALK_PATH_WARPS=parts, MAX_TILE_GROUP=16)
-    cuda, reference = make_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
+def test_convolution_forward_walks_share_runs_among_chunk_warps(dtype, deterministic, planned_with):
+    """The forward walking destination runs with a group of warps per run (``Settings.walk_chunk_warps``):
+    four warps each running every fourth chunk of x blocks of five, two and one chunks; 300 nodes, 5000
+    edges; every member."""
+    planned_with(walk_chunk_warps=4, **OWNED_FORWARD_ON_SMALL_GRAPHS)
+    group = 4
+    cuda, reference = uneven_chunks_pair(jax_cgtp.TensorProductConv, deterministic=deterministic)
     args = random_graph(jax.random.PRNGKey(67), cuda, 300, 5000, dtype, bad_fraction=0.05)
     walks = [k for k in planned_kernels(functools.partial(cuda, num_nodes=300), *args)
              if k.num_groups > 1 and k.joint is not None]
@@ -504,7 +501,7 @@ def test_deterministic_backward_in_slices_matches_reference(dtype, shared, plann
     weights) the force loss's second derivatives. float32 runs with 64-bit types off, as most
     training does."""
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv, unweighted=(1, 6), deterministic=True)
-    planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=1000 * cuda.irreps_in1.dim * jnp.dtype(dtype).itemsize)
+    planned_with(deterministic_backward_slice_bytes=1000 * cuda.irreps_in1.dim * jnp.dtype(dtype).itemsize)
     families = [(conv_members, 58)] + ([] if shared else [(conv_second_derivatives, 49)])
     for family, seed in families:
         with jax.enable_x64(dtype == jnp.float64):
@@ -524,9 +521,9 @@ def test_deterministic_convolution_is_bitwise_reproducible(plan, planned_with):
     the chunk walks add partial rows to); the backward by destination in slices of 7,000 positions
     (``slices``, with the long runs), or walking by source (``by_source``, with the long runs)."""
     if plan in ("lockstep", "lockstep_forward"):
-        planned_with(LOCKSTEP_WARPS=((0, 4),), TILED_DETERMINISTIC_FORWARD=plan == "lockstep")
+        planned_with(lockstep_warps=((0, 4),), **({} if plan == "lockstep" else {"tiled_forward_max_bytes": 0}))
     if plan == "by_source":
-        planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=0)
+        planned_with(deterministic_backward_slice_bytes=0)
     if plan in ("joint", "lockstep", "lockstep_forward", "chunks", "shared_chunks", "slices", "by_source"):
         cuda, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, deterministic=True)
     elif plan == "stream":
@@ -536,7 +533,7 @@ def test_deterministic_convolution_is_bitwise_reproducible(plan, planned_with):
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(9), cuda, 1000, 40_000, jnp.float32,
                                      shared=plan == "shared_chunks")
     if plan == "slices":
-        planned_with(DETERMINISTIC_BACKWARD_SLICE_BYTES=7000 * cuda.irreps_in1.dim * 4)
+        planned_with(deterministic_backward_slice_bytes=7000 * cuda.irreps_in1.dim * 4)
     if plan in ("chunks", "shared_chunks", "slices", "by_source"):
         src, dst = src.at[30_000:].set(998), dst.at[30_000:].set(999)
     graph = jax_cgtp.sort_graph(src, dst, 1000)

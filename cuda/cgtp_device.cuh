@@ -179,46 +179,6 @@ __device__ __forceinline__ T cgtp_warp_sum(T v) {
   return v;
 }
 
-// The inverse of an odd `a` modulo `m`: (a * cgtp_inverse<m>(a)) % m == 1 % m.
-template <int M>
-__device__ constexpr int cgtp_inverse(int a) {
-  for (int i = 1; i < M; ++i) {
-    if ((a * i) % M == 1) return i;
-  }
-  return 0;
-}
-
-// A chunk of 32 rows of D components, row-major (element L * D + k is component k of row L),
-// held one row per lane (lane L's v[k]), transposed in registers so that afterwards v[r] holds
-// element 32 r + L: the warp's r-th store then writes 32 consecutive elements. D is odd (an
-// irrep's 2l + 1), so coprime to 32. In shuffle k every lane sends its component k, and lane L
-// takes element q = L + 32 r with q = k (mod D), from lane (q - k) / D = (L - k) / D (mod 32);
-// for each k these are 32 distinct lanes. Element 32 r + L then sits at k = (L + 32 r) mod D: a
-// rotation of the D values by L mod D (log2 D rounds of selects) and a fixed renaming put it at
-// v[r]. D shuffles and D log2 D selects, where shared memory takes D stores and D loads.
-template <int D>
-__device__ __forceinline__ void cgtp_transpose_rows(T (&v)[D]) {
-  static_assert(D % 2 == 1, "rows of an odd number of components");
-  constexpr int over_d = cgtp_inverse<32>(D);
-  const int lane = cgtp_lane();  // not hoisted out of the caller's loop (its shuffle lanes with it)
-  const int from = lane * over_d;
-  T got[D];
-#pragma unroll
-  for (int k = 0; k < D; ++k) got[k] = __shfl_sync(CGTP_FULL_MASK, v[k], (from - k * over_d) & 31);
-  const int turn = lane % D;
-#pragma unroll
-  for (int step = 1; step < D; step <<= 1) {
-    const bool rotate = turn & step;
-    T turned[D];
-#pragma unroll
-    for (int t = 0; t < D; ++t) turned[t] = rotate ? got[(t + step) % D] : got[t];
-#pragma unroll
-    for (int t = 0; t < D; ++t) got[t] = turned[t];
-  }
-#pragma unroll
-  for (int r = 0; r < D; ++r) v[r] = got[(32 * r) % D];
-}
-
 // An index is valid when it lies in [0, rows).
 __device__ __forceinline__ bool cgtp_valid(long long index, long long rows) {
   return index >= 0 && index < rows;

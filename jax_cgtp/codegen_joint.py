@@ -1036,7 +1036,7 @@ def _emit_joint_flush(w: Writer, schedule: KernelSchedule, role: str, offset: in
     if dim == 1:
         w(f"if ({guard}active) {put(out, f'dst_{role} + lc', names[0], add)}")
     elif out.lane_writes:
-        w("// lane by lane, strided: a row written once per node (schedule.LANE_WRITES)")
+        w("// lane by lane, strided: a row written once per node")
         w.open(f"if ({guard}active)")
         for q, a in enumerate(names):
             w(put(out, f"dst_{role} + lc * {dim} + {q}", a, add))

@@ -18,12 +18,12 @@ import importlib
 from typing import Callable
 
 LIBRARIES = ("jax_cgtp", "e3nn", "cueq", "oeq")
-# Selectable with --libs, not run by default: jax_cgtp's deterministic convolution, and its atomic
-# one called with a sorted graph.
-OPTIONAL_LIBRARIES = ("jax_cgtp_det", "jax_cgtp_graph")
+# Selectable with --libs, not run by default: jax_cgtp's deterministic convolution, its atomic
+# one called with a sorted graph, and InstaDeep's e3j.
+OPTIONAL_LIBRARIES = ("jax_cgtp_det", "jax_cgtp_graph", "e3j")
 
 _MODULES = {"jax_cgtp": "cgtp", "e3nn": "e3nn_jax_peer", "cueq": "cueq", "oeq": "oeq", "jax_cgtp_det": "cgtp_det",
-            "jax_cgtp_graph": "cgtp_graph"}
+            "jax_cgtp_graph": "cgtp_graph", "e3j": "e3j"}
 
 
 class Missing(Exception):

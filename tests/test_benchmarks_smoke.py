@@ -634,3 +634,16 @@ def test_random_suite_runs_every_phase_with_the_peers_that_can_express_it(tmp_pa
     text = capsys.readouterr().out
     assert "per phase: jax_cgtp's speedup over the fastest peer" in text
     assert re.search(r"^conv_fwd\s+float64\s+3\s", text, re.M)
+
+
+def test_e3j_runs_the_channelwise_rows_and_reports_what_it_cannot_express(tmp_path):
+    """InstaDeep's e3j as a peer (``--libs ...,e3j``): its channelwise product and convolution in its
+    own layout agree with jax_cgtp's; a fully connected (``uvw``) product is reported unsupported."""
+    pytest.importorskip("e3j")
+    result = run.main(["--smoke", "--configs", "tiny-uvu,tiny-uvw", "--libs", "jax_cgtp,e3j", "--phases",
+                       "fwd,bwd,conv_fwd,conv_dbwd", "--dtype", "float64", "--out", str(tmp_path), "--no-plots"])
+    by_config = {}
+    for row in result["rows"]:
+        by_config.setdefault(row["config"], []).append(row["results"]["e3j"])
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-12 for r in by_config["tiny-uvu"])
+    assert all(r["status"] == "unsupported" and "uvw" in r["error"] for r in by_config["tiny-uvw"])

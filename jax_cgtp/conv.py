@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.custom_derivatives import SymbolicZero
 from jax.sharding import PartitionSpec
 
 from . import mesh_axes, primitives
-from .call import Call, forward_call
-from .cuda_lowering import common_index_dtype, kernel_dtype
+from .call import forward_call
 from .graph import SortedGraph, check_index, check_node_count, graph_endpoints, host_index, sort_graph
 from .grouping import group_edges
 from .operands import BATCHED, INDEXED, SHARED
-from .schedule import owned_forward_is_faster
 from .tensor_product import (TensorProduct, as_array, check_float_operands, check_static_shapes, check_trailing_dim,
                              no_weights_or_array)
 
@@ -107,10 +103,6 @@ class TensorProductConv(TensorProduct):
             return out
         by_dst = graph.by_dst if graph is not None else group_edges(dst, num_nodes, backend=self.backend)
         atomic = forward_call(problem, kinds, rows, orderings=("z",))
-        owned = forward_call(problem, kinds, rows, deterministic=True, orderings=("z",))
-        _, index_ctype = common_index_dtype([src, dst])
-        if owned_forward_is_faster(owned, kernel_dtype(dtype), index_ctype, num_edges):
-            return _owned_forward(owned, atomic, self.backend, *inputs, src, dst, *by_dst)
         (out,) = primitives.bind(atomic, inputs, indices, {"z": by_dst}, backend=self.backend)
         return out
 
@@ -126,27 +118,6 @@ class TensorProductConv(TensorProduct):
         specs = (whole, rows, whole if shared else rows, edges, edges)
         return mesh_axes.split_over_axes(functools.partial(self, num_nodes=num_nodes),
                                          (x_nodes, y_edges, w, src, dst), specs, whole, summed=True)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
-def _owned_forward(owned: Call, atomic: Call, backend: str, x, y, w, src, dst, perm, offsets):
-    """The atomic convolution's forward where the walk over ``dst`` runs is the faster kernel
-    (:func:`~jax_cgtp.schedule.owned_forward_is_faster`): ``z`` by the ``owned`` call on ``dst``'s
-    grouping ``(perm, offsets)``, each node's row written once; its tangents, and so every
-    derivative, by the ``atomic`` call's family, whose tiles follow the same grouping."""
-    (out,) = primitives.bind(owned, [x, y, w], {"x": src, "z": dst}, {"z": (perm, offsets)}, backend=backend)
-    return out
-
-
-@functools.partial(_owned_forward.defjvp, symbolic_zeros=True)
-def _owned_forward_jvp(owned, atomic, backend, primals, tangents):
-    x, y, w, src, dst = primals[:5]
-    out = _owned_forward(owned, atomic, backend, *primals)
-    nonzero = [None if type(t) is SymbolicZero else t for t in tangents[:3]]
-    if all(t is None for t in nonzero):
-        return out, jnp.zeros_like(out)
-    (tangent,) = primitives.bind_tangents(atomic, [x, y, w, src, dst, *primals[-2:]], nonzero, backend)
-    return out, tangent
 
 
 def check_graph(src, dst, num_nodes: int, num_src_nodes: int | None = None) -> None:

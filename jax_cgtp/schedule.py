@@ -949,12 +949,13 @@ def plan(call: Call, dtype: str, index_dtype: str, edges: int | None = None) -> 
     With ``edges`` (the batch size), a launch with a SHARED output uses tiles of
     :func:`shared_tile_for` edges, and a launch of few tiles spreads its slots over warps
     (:func:`slot_groups`); without, tiles are 32 edges and every warp runs every slot. The atomic
-    convolution's forward by ``dst`` runs (:func:`owned_forward_is_faster`) walks each run's first
+    convolution's forward walks ``dst`` runs where that is faster (:func:`_forward_by_runs`): each run's first
     Settings.owned_run_cap edges, and a second launch, the atomic forward's, adds the rest. A deterministic
     forward whose walk would run in lockstep walks tiles instead (:func:`_tiled_forward`). A
     deterministic call's walks over sorted runs walk chunks of Settings.run_chunk edges (:func:`_chunked`)
     where ``edges`` is given and more than Settings.run_chunk.
     """
+    call = _forward_by_runs(call, dtype, index_dtype, edges)
     s = call.settings
     sliced = _sliced(call, dtype, index_dtype, edges)
     if sliced:
@@ -1209,6 +1210,20 @@ def _tile_group(kernel: KernelSchedule, chunk_warps: int, path_warps: int) -> Ke
 def _power_of_two_below(n: int) -> int:
     """The largest power of two not above ``n`` (1 for ``n`` below 2)."""
     return 1 << max(0, n.bit_length() - 1)
+
+
+def _forward_by_runs(call: Call, dtype: str, index_dtype: str, edges: int | None) -> Call:
+    """``call``, or its deterministic twin where ``call`` is the atomic convolution's forward (one
+    term into z scattered by ``dst``, its tiles walking ``dst``'s grouping) and the twin's walk over
+    ``dst`` runs, each node's row written once, is expected to be faster
+    (:func:`owned_forward_is_faster`). Both take the same arguments; every derivative stays atomic."""
+    if edges is None or call.deterministic or call.walk != "z" or call.kind("z") != INDEXED or len(call.outputs) != 1:
+        return call
+    (output,) = call.outputs
+    if output.role != "z" or len(output.terms) != 1 or output.terms[0].weighted_only:
+        return call
+    owned = dataclasses.replace(call, deterministic=True)
+    return owned if owned_forward_is_faster(owned, dtype, index_dtype, edges) else call
 
 
 def owned_forward_is_faster(call: Call, dtype: str, index_dtype: str, edges: int) -> bool:

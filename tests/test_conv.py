@@ -143,9 +143,9 @@ def test_planned_kernels_of_calls_that_jit_splits_across_devices_are_each_device
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_sorted_graph_gives_the_atomic_variant_its_faster_forward(dtype, planned_with):
     """With ``graph=``, the atomic variant computes the forward of a MACE-like product (joint
-    passes, short code) by the walk over destination runs (here on a small graph too), and every
-    derivative by the atomic family: values and derivatives of every order are those of the call
-    without a graph."""
+    passes, short code) by the walk over destination runs (here on a small graph too), as it does
+    the tangent along one operand (the forward of that tangent), and every other derivative by the
+    atomic family: values and derivatives of every order are those of the call without a graph."""
     planned_with(**OWNED_FORWARD_ON_SMALL_GRAPHS)
     conv, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, kernels="auto")
     x, y, w, src, dst = (a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
@@ -167,7 +167,10 @@ def test_sorted_graph_gives_the_atomic_variant_its_faster_forward(dtype, planned
     assert _flushes(by_graph, x, y, w) == walk
     assert _flushes(jax.grad(energy(by_graph), argnums=(0, 1, 2)), x, y, w) == [
         *walk, [("x", "atomic"), ("y", "store"), ("w", "store")]]
-    assert _flushes(lambda t: jax.jvp(lambda x: by_graph(x, y, w), (x,), (t,)), x) == [*walk, [("z", "atomic")]]
+    # the tangent along x alone is the forward of the tangent: the same walk
+    assert _flushes(lambda t: jax.jvp(lambda x: by_graph(x, y, w), (x,), (t,)), x) == [*walk, *walk]
+    both = lambda t, s: jax.jvp(lambda x, y: by_graph(x, y, w), (x, y), (t, s))
+    assert _flushes(both, x, y) == [*walk, [("z", "atomic")]]  # a tangent of two terms: atomic
 
 
 def test_sorted_graph_keeps_the_atomic_forward_where_it_is_faster():

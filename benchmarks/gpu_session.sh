@@ -165,6 +165,17 @@ if [ -n "$BASE_TREE" ]; then
   fi
 fi
 
+if [ -d "$SITE/e3j_ops" ]; then
+  step "e3j_ops: make libcudart.so.13 loadable (it links the CUDA runtime by name)"
+  cudart=$(python3 -c 'import glob, os, sys; print(next((f for p in sys.path for f in glob.glob(os.path.join(p or ".", "nvidia", "**", "libcudart.so.13*"), recursive=True)), ""))' 2>/dev/null)
+  if [ -n "$cudart" ]; then
+    export LD_LIBRARY_PATH="$(dirname "$cudart")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "libcudart: $cudart" | tee -a "$SETUP"
+  else
+    echo "no libcudart.so.13 under the nvidia packages: e3j may fall back to its plain-JAX path" | tee -a "$SETUP"
+  fi
+fi
+
 step "build jax_cgtp in place"
 if ! python3 -m pip install --no-build-isolation --no-deps -e . >>"$SETUP" 2>&1; then
   echo "jax_cgtp build FAILED:"; tail -n 40 "$SETUP"; exit 1

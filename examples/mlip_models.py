@@ -9,8 +9,11 @@ only change is where the model is traced::
         step = jax.jit(force_field.predict)
         step(graph)                                          # traced here: jax_cgtp's products
 
-For each model and system this script times, with e3nn-jax (``models_v1`` as shipped) and with
-jax_cgtp (the same model and parameters under :func:`jax_cgtp.replacing_e3nn`):
+For each model and system this script times, with e3nn-jax (``models_v1`` as shipped), with
+jax_cgtp (the same model and parameters under :func:`jax_cgtp.replacing_e3nn`) and, with
+``--routes e3nn,jax_cgtp,e3j``, mlip's e3j models (``mlip.models``: the same architecture and sizes
+on InstaDeep's e3j, its CUDA kernels where ``e3j_ops`` is installed; its own parameters, so its
+results are not compared):
 
 * the MD step: energy and forces (mlip's predictor);
 * the training step: the gradient w.r.t. the parameters of an energy and force loss (second
@@ -44,14 +47,21 @@ MIB = 2**20
 TOLERANCE = {"float32": 1e-5, "float64": 1e-10}
 
 
-def models(args):
-    """``{name: (network class, config)}`` of mlip's ``models_v1``."""
-    from mlip.models_v1 import Mace, Nequip
-
+def models(args, route: str):
+    """``{name: (network class, config)}``: mlip's ``models_v1`` (e3nn-jax) for the ``e3nn`` and
+    ``jax_cgtp`` routes, mlip's ``models`` (e3j) for the ``e3j`` route, with the same sizes."""
     channels = args.channels
     nequip_irreps = f"{channels}x0e+{channels}x0o+{channels // 2}x1o+{channels // 2}x1e+{channels // 4}x2e+{channels // 4}x2o"
+    if route == "e3j":
+        from mlip.models import Mace, Nequip
+
+        nequip = Nequip.Config(num_layers=args.nequip_layers, target_irreps=nequip_irreps, l_max=2)
+    else:
+        from mlip.models_v1 import Mace, Nequip
+
+        nequip = Nequip.Config(num_layers=args.nequip_layers, node_irreps=nequip_irreps, l_max=2)
     return {
-        "nequip": (Nequip, Nequip.Config(num_layers=args.nequip_layers, node_irreps=nequip_irreps, l_max=2)),
+        "nequip": (Nequip, nequip),
         "mace": (Mace, Mace.Config(num_layers=2, num_channels=args.mace_channels, l_max=2, correlation=3)),
     }
 
@@ -67,19 +77,20 @@ def graph_of(atoms: ase.Atoms, cutoff: float):
     return Graph.from_chemical_system(ChemicalSystem.from_ase_atoms(atoms), graph_cutoff_angstrom=cutoff)
 
 
-def force_field(network, config, atoms: ase.Atoms, graph, cutoff: float, dtype):
-    """``(predictor, params)`` of an mlip ``models_v1`` network for ``atoms``' species, its
-    parameters cast to ``dtype``."""
+def force_field(network, config, atoms: ase.Atoms, graph, cutoff: float, dtype, route: str):
+    """``(predictor, params)`` of an mlip network for ``atoms``' species, its parameters cast to
+    ``dtype``: mlip's conservative predictor (energy, forces as its gradient)."""
     from mlip.data import DatasetInfo
     from mlip.models import ForceField
+    from mlip.models.predictors import ConservativePredictor
     from mlip.models_v1 import ForceFieldPredictorV1
     from mlip.typing.properties import Properties
 
     species = sorted(set(int(z) for z in atoms.numbers))
     info = DatasetInfo(atomic_energies_map={z: 0.0 for z in species}, graph_cutoff_angstrom=cutoff,
                        avg_num_neighbors=float(len(graph.senders)) / len(atoms), avg_r_min_angstrom=1.0)
-    predictor = ForceFieldPredictorV1(mlip_network=network(config=config, dataset_info=info),
-                                      required_properties=Properties())
+    predictor_class = ConservativePredictor if route == "e3j" else ForceFieldPredictorV1
+    predictor = predictor_class(mlip_network=network(config=config, dataset_info=info), required_properties=Properties())
     params = ForceField.init(predictor, seed=0).params
     return predictor, jax.tree.map(lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
 
@@ -123,7 +134,7 @@ def relative_error(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
 
 
-ROUTES = {"e3nn": contextlib.nullcontext, "jax_cgtp": jax_cgtp.replacing_e3nn}
+ROUTES = {"e3nn": contextlib.nullcontext, "jax_cgtp": jax_cgtp.replacing_e3nn, "e3j": contextlib.nullcontext}
 
 
 def run(args) -> list[dict]:
@@ -133,23 +144,24 @@ def run(args) -> list[dict]:
         graph = graph_of(atoms, args.cutoff)
         graph = graph.replace_nodes(positions=jnp.asarray(graph.nodes.positions, dtype))
         for model_name in args.models:
-            network, config = models(args)[model_name]
-            predictor, params = force_field(network, config, atoms, graph, args.cutoff, dtype)
-            for workload, fn in workloads(predictor).items():
-                measured = {}
-                for route in args.routes:
+            measured = {}
+            for route in args.routes:
+                network, config = models(args, route)[model_name]
+                predictor, params = force_field(network, config, atoms, graph, args.cutoff, dtype, route)
+                for workload, fn in workloads(predictor).items():
                     with ROUTES[route]():  # traced (and so bound to its products) inside the block
-                        measured[route] = compile_and_time(lambda p, g: fn(p, g), (params, graph), args.runs)
-                base = measured.get("e3nn")
-                for route, result in measured.items():
-                    row = {"system": system, "atoms": len(atoms), "edges": int(len(graph.senders)), "model": model_name,
-                           "workload": workload, "route": route, "dtype": args.dtype,
-                           **{k: v for k, v in result.items() if k != "result"}}
-                    if base is not None:
-                        row["speedup"] = base["ms"] / result["ms"]
-                        row["error"] = relative_error(result["result"], base["result"])
-                    rows.append(row)
-                    print(format_row(row), flush=True)
+                        measured[workload, route] = compile_and_time(fn, (params, graph), args.runs)
+            for (workload, route), result in measured.items():
+                base = measured.get((workload, "e3nn"))
+                row = {"system": system, "atoms": len(atoms), "edges": int(len(graph.senders)), "model": model_name,
+                       "workload": workload, "route": route, "dtype": args.dtype,
+                       **{k: v for k, v in result.items() if k != "result"}}
+                if base is not None:
+                    row["speedup"] = base["ms"] / result["ms"]
+                if base is not None and route != "e3j":  # e3j's model has its own parameters
+                    row["error"] = relative_error(result["result"], base["result"])
+                rows.append(row)
+                print(format_row(row), flush=True)
     return rows
 
 
@@ -157,14 +169,17 @@ def format_row(row: dict) -> str:
     text = (f"{row['system']:7s} {row['atoms']:5d} atoms {row['edges']:7d} edges  {row['model']:6s} {row['workload']:5s} "
             f"{row['route']:9s} {row['ms']:9.2f} ms  temp {row['temp_mib']:8.1f} MiB")
     if "speedup" in row:
-        text += f"  x{row['speedup']:.2f} e3nn-jax  rel. error {row['error']:.1e}"
+        text += f"  x{row['speedup']:.2f} e3nn-jax"
+    if "error" in row:
+        text += f"  rel. error {row['error']:.1e}"
     return text
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="nequip,mace", type=lambda s: s.split(","))
-    parser.add_argument("--routes", default="e3nn,jax_cgtp", type=lambda s: s.split(","))
+    parser.add_argument("--routes", default="e3nn,jax_cgtp", type=lambda s: s.split(","),
+                        help=f"comma-separated, of {', '.join(ROUTES)}")
     parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
     parser.add_argument("--water-side", type=int, default=11, help="molecules per side (11: 3,993 atoms)")
     parser.add_argument("--copper-repeat", type=int, default=10, help="fcc cells per side (10: 4,000 atoms)")

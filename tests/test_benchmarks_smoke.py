@@ -24,6 +24,8 @@ from jax_cgtp import nvrtc  # noqa: E402
 
 DEFAULTS = jax_cgtp.Settings()  # the library's settings
 
+pytestmark = pytest.mark.slow  # runs examples and benchmarks end to end: the full suite only
+
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):

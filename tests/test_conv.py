@@ -63,7 +63,7 @@ def test_gradients_match_e3nn(mode):
         np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
 
 
-@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("shared", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_check_grads_orders_1_and_2(shared):
     _, conv = make_conv(7, mode="uvu", lmax=2)
     x, y, w, src, dst = random_graph(jax.random.PRNGKey(3), conv, 5, 12, shared)
@@ -140,6 +140,7 @@ def test_planned_kernels_of_calls_that_jit_splits_across_devices_are_each_device
         assert planned_kernels(step, *placed) == whole
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_sorted_graph_gives_the_atomic_variant_its_faster_forward(dtype, planned_with):
     """With ``graph=``, the atomic variant computes the forward of a MACE-like product (joint

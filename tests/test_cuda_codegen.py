@@ -705,6 +705,7 @@ def _specs():
 
 
 @needs_nvrtc
+@pytest.mark.slow
 @pytest.mark.slow_compile
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_nvrtc_compiles_every_member_of_random_problems(lower_for_sm90, dtype):
@@ -771,6 +772,7 @@ def test_nvrtc_compiles_convolution_kernels(lower_for_sm90, deterministic, plann
 
 
 @needs_nvrtc
+@pytest.mark.slow
 @pytest.mark.slow_compile
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_nvrtc_compiles_the_tiled_deterministic_forward(lower_for_sm90, dtype):

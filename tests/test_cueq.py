@@ -17,6 +17,7 @@ def conv_problem(irreps_x, irreps_y, irreps_out):
     return tp, jax_cgtp.TensorProductConv(tp.irreps_in1, tp.irreps_in2, tp.irreps_out, instructions)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("irreps", [("8x0e+8x1o+4x2e", "0e+1o+2e", "0e+1o+2e"), ("3x0e+2x1e", "1o+2e", "0o+1e+2o")])
 def test_convolution_equals_jax_cgtp_with_out_of_range_edges(irreps):
     tp, conv = conv_problem(*irreps)

@@ -31,7 +31,8 @@ import kernel_emulator
 
 DEFAULTS = jax_cgtp.Settings()  # the library's settings
 
-pytestmark = pytest.mark.skipif(not kernel_emulator.available(), reason="needs g++ (C++20) for host emulation")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not kernel_emulator.available(), reason="needs g++ (C++20) for host emulation")]
 
 
 @pytest.fixture(scope="module", autouse=True)

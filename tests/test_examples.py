@@ -23,6 +23,8 @@ from data_parallel import on_two_host_devices  # noqa: E402
 
 SMOKE = dict(channels=4, lmax=1, num_layers=2, cutoff=3.0, num_basis=4, radial_hidden=(8,))
 
+pytestmark = pytest.mark.slow  # runs examples and benchmarks end to end: the full suite only
+
 
 @functools.lru_cache(maxsize=None)
 def setup(backend="auto"):

@@ -19,6 +19,7 @@ import pytest
 from data_parallel import on_two_host_devices
 
 
+@pytest.mark.slow  # a subprocess with two host devices
 def test_data_parallel_step_on_two_host_devices_matches_each_device_alone():
     results = on_two_host_devices(["data_parallel.py"], pathlib.Path(__file__).resolve().parent)
     assert len(results) == 2  # atomic on src/dst, deterministic on a sorted graph
@@ -27,6 +28,7 @@ def test_data_parallel_step_on_two_host_devices_matches_each_device_alone():
         assert all(error < 1e-12 for error in result.values()), result
 
 
+@pytest.mark.slow  # a subprocess with two host devices
 def test_edges_sharded_by_jit_run_on_each_device_and_match_one_device():
     """Under jit over edges sharded across the devices, every call is lowered for XLA to split
     (each device its edges, node outputs summed over the devices): no all-gather, the results of
@@ -40,6 +42,7 @@ def test_edges_sharded_by_jit_run_on_each_device_and_match_one_device():
         assert run["alone"] < 1e-12 and run["reference"] < 1e-12, (name, run)
 
 
+@pytest.mark.slow  # a subprocess with two host devices
 def test_operands_sharded_over_an_explicit_axis_split_each_call_over_the_devices():
     """Rows or edges sharded over an explicit mesh axis: the product keeps its rows sharded, the
     convolution (and its second derivative, atomic and on a sorted graph) sums each device's edges

@@ -31,7 +31,7 @@ FLOP: one product ``T`` costs, per row, the sum over active instructions of
 ``3 * nnz * pairs`` (each CG nonzero multiplies ``c * x_i * y_j`` and accumulates, for each pair
 of multiplicity indices of ``x`` and ``y``: ``u*v`` for uvw/uvu/uvv, ``u`` for uuw/uuu) plus
 ``2 * d3 * |W|`` for the weight contraction of a weighted path (``d3 * pairs`` additions for an
-unweighted one). ``nnz`` comes from :func:`jax_cgtp.problem.cg_nonzeros`. Each of ``x̄, ȳ, w̄``
+unweighted one). ``nnz`` comes from :func:`jax_cgtp.core.problem.cg_nonzeros`. Each of ``x̄, ȳ, w̄``
 is one such contraction, so ``bwd`` costs 3 products; ``dbwd`` computes ``ȳ`` and then its two
 cotangents: 3 products. ``train`` runs the forward (1), the backward (3), the backward's
 derivative (9 terms: x̄, ȳ and w̄ two each, z three) and the backward of z's cotangent (3): 16
@@ -46,7 +46,7 @@ import math
 
 import numpy as np
 
-from jax_cgtp.problem import cg_nonzeros
+from jax_cgtp.core.problem import cg_nonzeros
 
 from .configs import CONFIGS
 from .problems import build

@@ -6,7 +6,7 @@ the same phase function as the table (:mod:`benchmarks.phases`), jitted three wa
 * ``one``: every array on the first device;
 * ``split``: the edge arrays (``y``, ``w``, ``src``, ``dst``) sharded over all devices (mesh axis
   ``edges``, AxisType.Auto), node arrays replicated: each device runs the kernels on its edges and
-  the node outputs are summed over the devices (:mod:`jax_cgtp.partitioning`);
+  the node outputs are summed over the devices (:mod:`jax_cgtp.sharding.partitioning`);
 * ``whole``: the same placement lowered with ``JAX_CGTP_PARTITIONING=0``: XLA gathers the edges
   onto every device and runs each call whole there (what any custom call without a rule gets).
 
@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from jax_cgtp.partitioning import switched
+from jax_cgtp.sharding.partitioning import switched
 
 from . import configs, phases, problems
 from .inputs import make_inputs

@@ -7,7 +7,7 @@ cannot merge the orderings, and the host's dispatch is paid once), timed with ca
 back (:mod:`benchmarks.timing`), divided by the repeats. The orderings:
 
 * ``group_edges``: the counting sort the atomic convolution runs at each call without ``graph=``
-  (:mod:`jax_cgtp.grouping`; on a GPU its own two kernels);
+  (:mod:`jax_cgtp.core.grouping`; on a GPU its own two kernels);
 * ``sort_edges``: the stable argsort and offsets ``sort_graph`` computes once per graph (XLA).
 
 Example: ``python -m benchmarks.grouping --edges 100000,50000,3000000``.
@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_cgtp.graph import sort_edges
-from jax_cgtp.grouping import group_edges
+from jax_cgtp.core.graph import sort_edges
+from jax_cgtp.core.grouping import group_edges
 
 from .configs import RUNS, WARMUP
 from .inputs import num_nodes

@@ -4,9 +4,9 @@ launches, with no GPU: the proof that a change to the planner or the code genera
 For each public config, phase (the product's and the convolution's ``fwd``, ``bwd``, ``dbwd``), dtype
 and variant (``jax_cgtp``: atomic; ``jax_cgtp_det``: deterministic on a sorted graph;
 ``jax_cgtp_graph``: atomic on a sorted graph), the row's phase is traced at the benchmark's size
-(:func:`jax_cgtp.cuda_lowering.planned_kernels`) and each launch's source hashed, in launch order.
+(:func:`jax_cgtp.gpu.cuda_lowering.planned_kernels`) and each launch's source hashed, in launch order.
 ``--edge-parts N`` also plans the calls as ``jax.jit`` splits them over N devices (the partitioned
-rule's per-device edges, :mod:`jax_cgtp.partitioning`), as a sharded training step runs them.
+rule's per-device edges, :mod:`jax_cgtp.sharding.partitioning`), as a sharded training step runs them.
 
     python -m benchmarks.kernel_hashes --out before.json                 # before a refactor
     python -m benchmarks.kernel_hashes --check before.json               # after: every hash the same
@@ -25,8 +25,10 @@ import sys
 import jax
 import numpy as np
 
-from jax_cgtp import codegen, partitioning
-from jax_cgtp.cuda_lowering import planned_kernels
+from jax_cgtp.gpu import codegen
+
+from jax_cgtp.sharding import partitioning
+from jax_cgtp.gpu.cuda_lowering import planned_kernels
 
 from . import configs
 from .profile import phase_and_arguments
@@ -38,7 +40,7 @@ PHASES = ("fwd", "bwd", "dbwd", "conv_fwd", "conv_bwd", "conv_dbwd")
 
 def _split(args, parts: int):
     """``args`` (ShapeDtypeStructs) with every per-edge array's leading axis split over ``parts``
-    devices, as :func:`jax_cgtp.cuda_lowering.planned_kernels` reads a sharding."""
+    devices, as :func:`jax_cgtp.gpu.cuda_lowering.planned_kernels` reads a sharding."""
     mesh = jax.sharding.AbstractMesh((parts,), ("edges",), axis_types=(jax.sharding.AxisType.Auto,))
     edges = max(a.shape[0] for a in jax.tree.leaves(args) if a.ndim)
     rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("edges"))

@@ -2,9 +2,9 @@
 a benchmark row launches, read from the cubin NVRTC builds, with no GPU.
 
 For each config, phase, dtype and variant (``jax_cgtp`` and ``jax_cgtp_det`` by default, or
-``jax_cgtp_graph``) the row's phase is traced (:func:`jax_cgtp.cuda_lowering.planned_kernels`), each
+``jax_cgtp_graph``) the row's phase is traced (:func:`jax_cgtp.gpu.cuda_lowering.planned_kernels`), each
 kernel generated and compiled for ``--arch`` (default sm_90, the H100's) as the lowering compiles it
-(:func:`jax_cgtp.cuda_lowering.kernel_cubin`), and its cubin read:
+(:func:`jax_cgtp.gpu.cuda_lowering.kernel_cubin`), and its cubin read:
 
 * registers and local memory per thread (spills and local arrays): the ``EIATTR_REGCOUNT`` and
   ``EIATTR_FRAME_SIZE`` attributes of the cubin's ``.nv.info`` section for the kernel's symbol
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import jax
 
 import jax_cgtp
-from jax_cgtp import codegen, nvrtc
-from jax_cgtp.cuda_lowering import kernel_cubin, planned_kernels
+from jax_cgtp.gpu import codegen, nvrtc
+from jax_cgtp.gpu.cuda_lowering import kernel_cubin, planned_kernels
 
 from . import configs, phases
 from .profile import phase_and_arguments

@@ -105,7 +105,7 @@ def _precompile_cgtp(lib, group_phases, impl, lib_inputs) -> None:
     """Compile jax_cgtp's kernels for every phase at once (NVRTC in threads), before timing."""
     if not lib.startswith("jax_cgtp") or jax.default_backend() != "gpu":
         return
-    from jax_cgtp.cuda_lowering import precompile
+    from jax_cgtp.gpu.cuda_lowering import precompile
 
     functions = [(phases.phase_function(p, impl.apply), phases.input_names(p)) for p in group_phases]
     precompile(lambda inputs: [fn(*(inputs[n] for n in names)) for fn, names in functions], lib_inputs)

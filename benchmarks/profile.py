@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 
 import jax_cgtp
-from jax_cgtp import schedule
-from jax_cgtp.cuda_lowering import planned_kernels
+from jax_cgtp.gpu import schedule
+from jax_cgtp.gpu.cuda_lowering import planned_kernels
 
 from . import configs, phases, problems
 from .inputs import GRAPHS, make_inputs

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_cgtp.cuda_lowering import precompile
+from jax_cgtp.gpu.cuda_lowering import precompile
 
 from . import configs, problems, random_suite
 from .phases import phase_function

@@ -7,7 +7,7 @@ species-dependent self-connection, a linear mix). This script times the ``fwd``,
 ``backend="reference"`` (the pure-JAX einsums, which XLA lowers to ``dot_general``s), on the
 same inputs, jitted, warmed up, per call with calls queued back to back; and once with
 ``backend="auto"``, which runs the forward of a ``uvw`` product on the kernels and its
-derivatives on XLA (:func:`jax_cgtp.cuda_lowering.runs_on_xla`). It also checks that the three
+derivatives on XLA (:func:`jax_cgtp.gpu.cuda_lowering.runs_on_xla`). It also checks that the three
 agree.
 
     python -m benchmarks.shared_weights [--rows 864,8000,64000] [--dtype float32,float64]

@@ -1,4 +1,4 @@
-// Device helpers shared by every generated jax_cgtp kernel (see jax_cgtp/codegen.py).
+// Device helpers shared by every generated jax_cgtp kernel (see jax_cgtp/gpu/codegen.py).
 //
 // The generated code defines `T` (the float type, float or double) and `I` (the index type, int
 // or long long) before including this file. A warp owns one tile of edges at a time; these helpers

@@ -1,4 +1,4 @@
-// Edges grouped by an index on the GPU (a counting sort), for jax_cgtp/grouping.py.
+// Edges grouped by an index on the GPU (a counting sort), for jax_cgtp/gpu/grouping_kernels.py.
 //
 // The generated code defines `I` (int or long long, the index type), CGTP_GROUP_BLOCK (threads per
 // block) and CGTP_SCAN_ITEMS (counts per thread of a scan tile) before this text. Bucket 0 holds the

@@ -17,7 +17,7 @@ step without the rebuilds.
 
 With ``--devices N`` the graph's edges are sharded over N devices (atoms replicated) and the same
 jitted step runs on all of them: each convolution runs on each device's edges and sums the atoms'
-rows over the devices (``jax_cgtp.partitioning``).
+rows over the devices (``jax_cgtp.sharding.partitioning``).
 """
 
 from __future__ import annotations

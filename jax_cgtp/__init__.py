@@ -7,12 +7,13 @@
 (5, 64)
 """
 
-from . import e3nn, settings
+from . import e3nn, lowerings  # lowerings: every primitive's lowering, registered on import
+from .core import settings
 from .conv import TensorProductConv, check_graph
 from .e3nn_switch import replacing_e3nn
-from .graph import SortedGraph, sort_graph
-from .problem import Instruction, Problem, make_problem
-from .settings import Settings, config
+from .core.graph import SortedGraph, sort_graph
+from .core.problem import Instruction, Problem, make_problem
+from .core.settings import Settings, config
 from .tensor_product import (
     TensorProduct,
     channelwise_tensor_product,

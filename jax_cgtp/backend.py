@@ -5,7 +5,7 @@ the generated CUDA kernels when the computation is lowered for an NVIDIA GPU and
 pure-JAX reference otherwise, with one exception measured on the GPU: the derivatives of a
 ``uvw`` product with shared weights, outside convolutions and deterministic calls, are matrix
 products that XLA runs faster, so they lower to the reference there
-(:func:`jax_cgtp.cuda_lowering.runs_on_xla`). ``"reference"`` always runs the reference;
+(:func:`jax_cgtp.gpu.cuda_lowering.runs_on_xla`). ``"reference"`` always runs the reference;
 ``"cuda"`` demands the kernels for every call and is an error anywhere else.
 """
 

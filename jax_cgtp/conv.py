@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from . import mesh_axes, primitives
-from .call import forward_call
-from .graph import SortedGraph, check_index, check_node_count, graph_endpoints, host_index, sort_graph
-from .grouping import group_edges
-from .operands import BATCHED, INDEXED, SHARED
+from .core import mesh_axes, primitives
+from .core.call import forward_call
+from .core.graph import SortedGraph, check_index, check_node_count, graph_endpoints, host_index, sort_graph
+from .core.grouping import group_edges
+from .core.operands import BATCHED, INDEXED, SHARED
 from .tensor_product import (TensorProduct, as_array, check_float_operands, check_static_shapes, check_trailing_dim,
                              no_weights_or_array)
 
@@ -51,7 +51,7 @@ class TensorProductConv(TensorProduct):
         Instead of ``src, dst, num_nodes``, pass ``graph=jax_cgtp.sort_graph(src, dst, num_nodes)``,
         built once per graph: it saves ordering the edges on every call. The edges may come in any
         order. The atomic (default) variant visits them grouped by ``dst`` (the graph's ordering, or
-        a counting sort on the GPU at each call, :mod:`jax_cgtp.grouping`): its forward walks each
+        a counting sort on the GPU at each call, :mod:`jax_cgtp.core.grouping`): its forward walks each
         destination's run of edges where that kernel is the faster one, and its other kernels
         (every derivative) add or stage each run's z or z̄ chunks once. The deterministic variant
         sorts ``src`` and ``dst`` (stable) when no graph is given.

@@ -25,8 +25,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .graph import valid_edges
-from .problem import Problem, cg_block
+from .core.graph import valid_edges
+from .core.problem import Problem, cg_block
 
 # Subscripts per mode: weights, x, y, z, then the CG indices; without the weight operand for
 # unweighted paths.

@@ -36,7 +36,7 @@ import e3nn_jax as e3nn
 import jax.numpy as jnp
 import numpy as np
 
-from .problem import MODES
+from .core.problem import MODES
 from .tensor_product import TensorProduct, check_trailing_dim
 
 E3NN_MODES = MODES + ("uvuv", "uvu<v", "u<vw")

@@ -30,7 +30,7 @@ from . import cueq
 from . import e3nn as dropin
 from .backend import BACKENDS
 from .conv import TensorProductConv as _Conv
-from .graph import SortedGraph, graph_endpoints, valid_edges
+from .core.graph import SortedGraph, graph_endpoints, valid_edges
 from .tensor_product import channelwise_tensor_product
 
 MODULE_BACKENDS = BACKENDS + ("e3nn", "cueq")

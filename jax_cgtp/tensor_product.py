@@ -6,11 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from . import mesh_axes, primitives
+from .core import mesh_axes, primitives
 from .backend import check_backend
-from .call import forward_call
-from .operands import BATCHED, SHARED
-from .problem import Problem, make_problem, parse_irreps
+from .core.call import forward_call
+from .core.operands import BATCHED, SHARED
+from .core.problem import Problem, make_problem, parse_irreps
 
 
 def as_array(name: str, value):

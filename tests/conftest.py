@@ -20,7 +20,7 @@ import jax  # noqa: E402
 import pytest
 
 import jax_cgtp  # noqa: E402
-from jax_cgtp import cuda_lowering  # noqa: E402
+from jax_cgtp.gpu import cuda_lowering  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 

@@ -3,7 +3,7 @@
 The node features, positions and parameters are replicated; the edge indices (and, for the
 tensor product, its rows) are sharded over the mesh axis ``edges``. Each ``cgtp`` call then runs
 on each device's edges and sums its node outputs over the devices
-(:mod:`jax_cgtp.partitioning`); nothing per edge is gathered onto every device.
+(:mod:`jax_cgtp.sharding.partitioning`); nothing per edge is gathered onto every device.
 
 ``python edge_sharded.py`` (from ``tests/``) runs :func:`report` on every device of JAX's default
 backend and prints it as JSON; ``test_shard_map.py`` runs it on two host devices, ``test_gpu.py``
@@ -22,8 +22,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 import jax_cgtp
-from jax_cgtp import cuda_lowering
-from jax_cgtp.partitioning import switched
+from jax_cgtp.gpu import cuda_lowering
+from jax_cgtp.sharding.partitioning import switched
 from data_parallel import EDGES, INSTRUCTIONS, IRREPS_X, IRREPS_Y, inputs, step
 from family_members import relative_error
 
@@ -96,7 +96,7 @@ def report(devices=None, dtype=jnp.float64, backend="auto") -> dict:
 
 def _compiled_beyond_precompile(run, placed) -> int:
     """How many kernels compiling ``run`` over ``placed`` (a fresh function, XLA's partitioner
-    splitting its calls) builds after :func:`~jax_cgtp.cuda_lowering.precompile` of it, with the
+    splitting its calls) builds after :func:`~jax_cgtp.gpu.cuda_lowering.precompile` of it, with the
     kernel caches emptied first."""
     cuda_lowering.clear_kernel_caches()
     cuda_lowering.precompile(run, *placed)

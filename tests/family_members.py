@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_cgtp
-from jax_cgtp.call import Call, Output, Term
+from jax_cgtp.core.call import Call, Output, Term
 
 TOLERANCE = {jnp.float64: 1e-12, jnp.float32: 1e-5}
 # settings under which the atomic convolution's forward walks destination runs on graphs of any size

@@ -26,7 +26,16 @@ import jax
 import numpy as np
 from jax.interpreters import mlir
 
-from jax_cgtp import codegen, cuda_lowering, grouping, partitioning, primitives
+from jax_cgtp import lowerings
+
+
+from jax_cgtp.core import grouping, primitives
+
+
+from jax_cgtp.gpu import codegen, cuda_lowering, grouping_kernels
+
+
+from jax_cgtp.sharding import partitioning
 
 HEADER = pathlib.Path(__file__).with_name("cuda_host_emulation.h")
 COMPILER = shutil.which("g++")
@@ -55,7 +64,7 @@ def available() -> bool:
 
 
 def launched() -> list:
-    """The :class:`~jax_cgtp.schedule.KernelSchedule` of every emulated launch so far, in order."""
+    """The :class:`~jax_cgtp.gpu.schedule.KernelSchedule` of every emulated launch so far, in order."""
     return list(_launched)
 
 
@@ -129,7 +138,7 @@ def launch(source: str, pointers: list[int], scalars: np.ndarray, grid: int, blo
 
 
 def run_kernel(kernel, args, shapes, grid: int, scalars: np.ndarray):
-    """:func:`jax_cgtp.cuda_lowering.run_kernel`, on the host."""
+    """:func:`jax_cgtp.gpu.cuda_lowering.run_kernel`, on the host."""
     source = codegen.generate(kernel)
     zero = [out.zeroed for out in kernel.outputs] + [False] * (len(shapes) - len(kernel.outputs))
     kept = kernel.kept  # outputs that start as the last arguments, in order
@@ -155,18 +164,18 @@ def _poisoned(shape):
 
 
 def run_grouping_kernel(name: str, args, shapes, *, grid: int, edges: int, rows: int, zero_outputs=()):
-    """:func:`jax_cgtp.grouping.run_kernel`, on the host; outputs not zeroed start as -1."""
-    source = grouping.kernel_source(cuda_lowering.common_index_dtype([args[0]])[1])
+    """:func:`jax_cgtp.gpu.grouping_kernels.run_kernel`, on the host; outputs not zeroed start as -1."""
+    source = grouping_kernels.kernel_source(cuda_lowering.common_index_dtype([args[0]])[1])
     zero = [bool(z) for z in zero_outputs] + [False] * (len(shapes) - len(zero_outputs))
 
     def host(*arrays):
         inputs = [np.ascontiguousarray(a) for a in arrays]
         outputs = [np.zeros(s.shape, s.dtype) if z else _poisoned(s) for s, z in zip(shapes, zero)]
         with _one_launch:
-            if name in (grouping.COUNT_KERNEL, grouping.RANK_KERNEL):
+            if name in (grouping_kernels.COUNT_KERNEL, grouping_kernels.RANK_KERNEL):
                 _groupings.append((name, edges))
             launch(source, [a.ctypes.data for a in inputs + outputs], np.array([edges, rows]), grid,
-                   grouping.BLOCK, name)
+                   grouping_kernels.BLOCK, name)
         return outputs
 
     return jax.pure_callback(host, shapes, *args)
@@ -184,15 +193,15 @@ _lowering = partitioning.lowering_rule(_outputs)
 @contextlib.contextmanager
 def emulated_kernels():
     """Within the block, ``backend="auto"`` on the CPU runs the generated kernels, emulated."""
-    originals = cuda_lowering.run_kernel, grouping.run_kernel
-    cuda_lowering.run_kernel, grouping.run_kernel = run_kernel, run_grouping_kernel
+    originals = cuda_lowering.run_kernel, grouping_kernels.run_kernel
+    cuda_lowering.run_kernel, grouping_kernels.run_kernel = run_kernel, run_grouping_kernel
     mlir.register_lowering(primitives.cgtp_p, _lowering, platform="cpu")
-    mlir.register_lowering(grouping.group_p, functools.partial(grouping.lowering, on_gpu=True), platform="cpu")
+    mlir.register_lowering(grouping.group_p, grouping_kernels.lowering, platform="cpu")
     jax.clear_caches()
     try:
         yield
     finally:
-        cuda_lowering.run_kernel, grouping.run_kernel = originals
-        mlir.register_lowering(primitives.cgtp_p, primitives.reference_rule, platform="cpu")
-        mlir.register_lowering(grouping.group_p, grouping.lowering, platform="cpu")
+        cuda_lowering.run_kernel, grouping_kernels.run_kernel = originals
+        mlir.register_lowering(primitives.cgtp_p, lowerings.CGTP_REFERENCE, platform="cpu")
+        mlir.register_lowering(grouping.group_p, grouping.reference_lowering, platform="cpu")
         jax.clear_caches()

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 from e3nn_jax.legacy import FunctionalTensorProduct
 
-from jax_cgtp.problem import MODES
+from jax_cgtp.core.problem import MODES
 
 MULS = (1, 2, 3, 5)
 

@@ -7,7 +7,7 @@ import pytest
 from random_problems import e3nn_tensor_product, random_inputs, random_problem
 
 import jax_cgtp
-from jax_cgtp.problem import MODES
+from jax_cgtp.core.problem import MODES
 
 
 def relative_error(a, b):

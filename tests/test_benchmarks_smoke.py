@@ -20,7 +20,7 @@ from benchmarks import (configs, cost, edge_sharding, inputs, phases, problems, 
                         sanitize, table)
 from benchmarks.peers import LIBRARIES  # noqa: E402
 import jax_cgtp  # noqa: E402
-from jax_cgtp import nvrtc  # noqa: E402
+from jax_cgtp.gpu import nvrtc  # noqa: E402
 
 DEFAULTS = jax_cgtp.Settings()  # the library's settings
 
@@ -180,7 +180,7 @@ def test_nvrtc_compiles_the_product_kernels_of_every_public_config(lower_for_sm9
     from concurrent.futures import ThreadPoolExecutor
 
     from benchmarks import kernel_stats
-    from jax_cgtp import cuda_lowering
+    from jax_cgtp.gpu import cuda_lowering
 
     kernels = {(config, phase): kernel_stats.row_kernels(config, phase, dtype, "jax_cgtp")
                for config in configs.SUITES["public"] for phase in ("fwd", "bwd")}
@@ -268,7 +268,7 @@ def test_profile_plans_under_the_settings_it_is_given(lower_for_sm90, capsys, pl
     profile.main(["tiny-uvu", "conv_fwd", "float32", "--edges", "64", "--launches", "--set", "owned_ahead_depth=0"])
     walk = capsys.readouterr().err.splitlines()[0]
     assert walk.startswith("launch 0:") and "look-ahead ring" not in walk
-    assert jax_cgtp.settings.active().owned_ahead_depth == DEFAULTS.owned_ahead_depth  # for that command alone
+    assert jax_cgtp.core.settings.active().owned_ahead_depth == DEFAULTS.owned_ahead_depth  # for that command alone
     with pytest.raises(SystemExit):
         profile.main(["tiny-uvu", "conv_fwd", "float32", "--launches", "--set", "ahead_dept=0"])
     assert "'ahead_dept' is not a setting" in capsys.readouterr().err
@@ -281,13 +281,13 @@ def test_run_applies_and_records_the_settings_it_is_given(tmp_path, monkeypatch)
     measure_group = run.measure.measure_group
 
     def recording(*args, **kwargs):
-        seen.append(jax_cgtp.settings.active().owned_ahead_depth)
+        seen.append(jax_cgtp.core.settings.active().owned_ahead_depth)
         return measure_group(*args, **kwargs)
 
     monkeypatch.setattr(run.measure, "measure_group", recording)
     result = run.main(["--smoke", "--configs", "tiny-uvu", "--dtype", "float32", "--phases", "conv_fwd", "--libs",
                        "jax_cgtp", "--out", str(tmp_path), "--no-plots", "--set", "owned_ahead_depth=1"])
-    assert seen == [1] and jax_cgtp.settings.active().owned_ahead_depth == DEFAULTS.owned_ahead_depth
+    assert seen == [1] and jax_cgtp.core.settings.active().owned_ahead_depth == DEFAULTS.owned_ahead_depth
     assert result["runs"][0]["settings"] == "owned_ahead_depth=1"
     assert "settings owned_ahead_depth=1" in next(tmp_path.glob("bench*.txt")).read_text()
     with pytest.raises(SystemExit):

@@ -9,9 +9,9 @@ from family_members import OWNED_FORWARD_ON_SMALL_GRAPHS, spherical_harmonics_pa
 from random_problems import e3nn_tensor_product, random_problem
 
 import jax_cgtp
-from jax_cgtp import partitioning
-from jax_cgtp.cuda_lowering import planned_kernels
-from jax_cgtp.problem import MODES
+from jax_cgtp.sharding import partitioning
+from jax_cgtp.gpu.cuda_lowering import planned_kernels
+from jax_cgtp.core.problem import MODES
 
 
 def make_conv(seed, mode=None, lmax=3):
@@ -111,7 +111,7 @@ def test_planned_kernels_are_found_inside_shard_map_with_each_devices_shapes():
 
 def test_planned_kernels_of_calls_that_jit_splits_across_devices_are_each_devices(planned_with):
     """Under ``jax.jit`` over a graph's edges sharded across two devices (a mesh axis of type Auto),
-    each call runs on each device's edges (:mod:`jax_cgtp.partitioning`): ``planned_kernels``, and
+    each call runs on each device's edges (:mod:`jax_cgtp.sharding.partitioning`): ``planned_kernels``, and
     so ``precompile``, plans those 40 edges, not the graph's 80. Here the deterministic backward
     walks in slices of 40 edges: the graph's in two (a later slice's variant of the walk too), each
     device's in one. Over three devices, which do not divide the edges, and with

@@ -17,10 +17,10 @@ from family_members import (backward_call, with_settings, high_l_pair, long_code
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
-from jax_cgtp import codegen, codegen_joint, cuda_lowering, nvrtc, schedule
-from jax_cgtp.call import Call, Output, Term, forward_call
-from jax_cgtp.operands import BATCHED, INDEXED, SHARED
-from jax_cgtp.problem import MODES
+from jax_cgtp.gpu import codegen, codegen_joint, cuda_lowering, nvrtc, schedule
+from jax_cgtp.core.call import Call, Output, Term, forward_call
+from jax_cgtp.core.operands import BATCHED, INDEXED, SHARED
+from jax_cgtp.core.problem import MODES
 
 DEFAULTS = jax_cgtp.Settings()  # the library's settings
 
@@ -864,7 +864,7 @@ def test_atomic_convolution_groups_its_edges_once_per_call(lower_for_sm90, index
         return re.findall(r'kernel = "(\w+)"', exported.mlir_module())
 
     grouped = launches(lambda *a: conv(*a, src, dst, 5))
-    grouping = (jax_cgtp.grouping.COUNT_KERNEL, jax_cgtp.grouping.PLACE_KERNEL)
+    grouping = (jax_cgtp.gpu.grouping_kernels.COUNT_KERNEL, jax_cgtp.gpu.grouping_kernels.PLACE_KERNEL)
     assert [grouped.count(name) for name in grouping] == [1, 1] and len(grouped) >= 4
     graph = jax_cgtp.sort_graph(src, dst, 5)
     assert not set(grouping) & set(launches(lambda *a: conv(*a, graph=graph)))

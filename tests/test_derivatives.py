@@ -10,8 +10,8 @@ from jax.test_util import check_grads
 from random_problems import e3nn_tensor_product, random_inputs, random_problem
 
 import jax_cgtp
-from jax_cgtp.primitives import cgtp_p
-from jax_cgtp.problem import MODES
+from jax_cgtp.core.primitives import cgtp_p
+from jax_cgtp.core.problem import MODES
 
 
 def build(spec):

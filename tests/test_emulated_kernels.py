@@ -24,8 +24,8 @@ from padding_cases import assert_half_precision_rounds_once, assert_padding_cont
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
-from jax_cgtp import codegen, cuda_lowering, schedule
-from jax_cgtp.problem import MODES
+from jax_cgtp.gpu import codegen, cuda_lowering, schedule
+from jax_cgtp.core.problem import MODES
 
 import kernel_emulator
 
@@ -96,7 +96,7 @@ def test_batch_sizes_and_shared_weight_tiles(batch, planned_with):
     """With 4 partial blocks (16 warps) instead of 256, 40 and 150 rows of shared weights take
     tiles of 4 and 16 edges, and fill the capped grid, at a fraction of the emulation's cost."""
     planned_with(max_partial_blocks=4)
-    assert [schedule.shared_tile_for(jax_cgtp.settings.active(), n) for n in (1, 40, 150)] == [1, 4, 16]
+    assert [schedule.shared_tile_for(jax_cgtp.core.settings.active(), n) for n in (1, 40, 150)] == [1, 4, 16]
     spec = random_problem(820, mode="uvw", lmax=1)
     kernels, reference = pair(spec, kernels="auto")
     args = random_inputs(jax.random.PRNGKey(batch), spec, (batch,), kernels.weight_numel, jnp.float64, True)
@@ -216,11 +216,11 @@ def test_grouping_kernels_group_edges_by_index(edges, rows, order, index_dtype):
     index = grouping_index(edges, rows, order, index_dtype)
     before = len(kernel_emulator.groupings())
     # the groupings are read once the call's kernels have run
-    perm, offsets = jax.block_until_ready(jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index))
-    one_tile = jax_cgtp.grouping.scan_tiles(rows) == 1
-    counting = jax_cgtp.grouping.COUNT_KERNEL if one_tile else jax_cgtp.grouping.RANK_KERNEL
+    perm, offsets = jax.block_until_ready(jax.jit(lambda i: jax_cgtp.core.grouping.group_edges(i, rows))(index))
+    one_tile = jax_cgtp.gpu.grouping_kernels.scan_tiles(rows) == 1
+    counting = jax_cgtp.gpu.grouping_kernels.COUNT_KERNEL if one_tile else jax_cgtp.gpu.grouping_kernels.RANK_KERNEL
     assert kernel_emulator.groupings()[before:] == ([(counting, edges)] if edges else [])  # none for no edges
-    stable_perm, stable_offsets = jax_cgtp.graph.sort_edges(index, rows)
+    stable_perm, stable_offsets = jax_cgtp.core.graph.sort_edges(index, rows)
     assert perm.dtype == offsets.dtype == index_dtype
     np.testing.assert_array_equal(offsets[:-1], stable_offsets)
     assert offsets[-1] == np.max(np.diff(stable_offsets), initial=0)  # the longest run
@@ -785,7 +785,7 @@ def test_deterministic_backward_in_slices_walks_by_destination(family, shared, e
     longer than ``RUN_CHUNK`` in chunks, whose rows are added in chunk order), slice after slice; ȳ
     and w̄ per edge, a shared weight's gradient in partial rows; edges out of range and nodes
     without edges included; bitwise the same at a second call; every launch planned beforehand
-    (:func:`~jax_cgtp.cuda_lowering.planned_kernels`, which precompile compiles). float32 runs with 64-bit types off,
+    (:func:`~jax_cgtp.gpu.cuda_lowering.planned_kernels`, which precompile compiles). float32 runs with 64-bit types off,
     as most training does (the slices' start is an index, not a 64-bit scalar). The force loss's
     second derivatives too (x̄, ȳ and w̄ as sums of terms over both versions of the inputs; two
     paths without weights)."""

@@ -136,9 +136,9 @@ def test_operands_sharded_over_an_explicit_mesh_axis():
     import jax
     from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-    from jax_cgtp import primitives
-    from jax_cgtp.call import forward_call
-    from jax_cgtp.operands import BATCHED, SHARED
+    from jax_cgtp.core import primitives
+    from jax_cgtp.core.call import forward_call
+    from jax_cgtp.core.operands import BATCHED, SHARED
 
     tp = make()
     x, y, w = jnp.ones((6, 16)), jnp.ones((6, 4)), jnp.ones(tp.weight_numel)

@@ -27,8 +27,8 @@ import edge_sharded
 import explicit_sharded
 
 import jax_cgtp
-from jax_cgtp.cuda_lowering import planned_kernels, precompile
-from jax_cgtp.problem import MODES
+from jax_cgtp.gpu.cuda_lowering import planned_kernels, precompile
+from jax_cgtp.core.problem import MODES
 
 os.environ["JAX_CGTP_POISON_OUTPUTS"] = "1"
 DEFAULTS = jax_cgtp.Settings()  # the library's settings
@@ -245,8 +245,8 @@ def test_grouping_kernel_groups_edges_by_index(edges, rows, order, index_dtype):
     the longest run, and each run holding the stable sort's edges (in any order; the identity where
     the edges came sorted), out-of-range edges included, over more nodes than edges too."""
     index = grouping_index(edges, rows, order, index_dtype)
-    perm, offsets = jax.jit(lambda i: jax_cgtp.grouping.group_edges(i, rows))(index)
-    stable_perm, stable_offsets = jax.jit(lambda i: jax_cgtp.graph.sort_edges(i, rows))(index)
+    perm, offsets = jax.jit(lambda i: jax_cgtp.core.grouping.group_edges(i, rows))(index)
+    stable_perm, stable_offsets = jax.jit(lambda i: jax_cgtp.core.graph.sort_edges(i, rows))(index)
     np.testing.assert_array_equal(offsets[:-1], stable_offsets)
     assert offsets[-1] == np.max(np.diff(stable_offsets), initial=0)  # the longest run
     if order == "sorted":

@@ -222,7 +222,7 @@ def _plan(problem, pow2_channels: bool) -> _Plan:
 def _check_coefficients(plan: _Plan, tp, problem, dtype) -> None:
     """Fix each path's sign, then check e3j's whole coefficient tensor (one channel) against
     jax_cgtp's ``path_weight * C`` blocks divided by ``f_p``, placed where the plan puts them."""
-    from jax_cgtp.problem import cg_block
+    from jax_cgtp.core.problem import cg_block
 
     dense = np.asarray(tp.coef.todense(), np.float64)  # (dim_z, dim_x, dim_y) of one channel
     expected = np.zeros_like(dense)

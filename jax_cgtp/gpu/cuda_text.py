@@ -1,10 +1,10 @@
-"""Pieces of CUDA text shared by the code generators (:mod:`jax_cgtp.codegen` and
-:mod:`jax_cgtp.codegen_stream`): an indenting line writer, literals, flush statements, a tile
+"""Pieces of CUDA text shared by the code generators (:mod:`jax_cgtp.gpu.codegen` and
+:mod:`jax_cgtp.gpu.codegen_stream`): an indenting line writer, literals, flush statements, a tile
 edge's header, and the transposed warp sum."""
 
 from __future__ import annotations
 
-from .operands import BATCHED, INDEXED, SHARED
+from ..core.operands import BATCHED, INDEXED, SHARED
 from .schedule import WARP, KernelSchedule
 
 

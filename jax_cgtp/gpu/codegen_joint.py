@@ -1,4 +1,4 @@
-"""CUDA source of a joint pass (:class:`~jax_cgtp.schedule.JointPass`): the ``uvu`` paths over
+"""CUDA source of a joint pass (:class:`~jax_cgtp.gpu.schedule.JointPass`): the ``uvu`` paths over
 one-channel y blocks of an edge, block by block and chunk by chunk, with every output of the launch
 computed from the same loads.
 
@@ -6,12 +6,12 @@ A product's pass runs edge by edge, or walks the tile's edges inside each group 
 code). A convolution's pass walks the edges by destination: the forward holds the z chunks of a
 block across the edges of one node, the backward stages the node's z̄ chunks and contracts each
 path's CG coefficients with them once, ``S_ij = sum_k pw C_ijk z̄_k``, before x̄, ȳ and w̄ sum
-from it. :mod:`jax_cgtp.codegen` writes the kernel around it.
+from it. :mod:`jax_cgtp.gpu.codegen` writes the kernel around it.
 """
 
 from __future__ import annotations
 
-from .operands import BATCHED, INDEXED, SHARED
+from ..core.operands import BATCHED, INDEXED, SHARED
 from .cuda_text import (Writer, edge_ok, emit_chunk_flush, emit_chunk_lanes, emit_edge_header, emit_transposed_sum,
                         lane_row, literal, owned_end, put, rounded, row_of, signed_sum, signed_term, tile_value)
 from .schedule import WARP, JointPath, KernelSchedule, ahead_slot, stage_width
@@ -25,7 +25,7 @@ def _emit_group_barrier(w: Writer, schedule: KernelSchedule) -> None:
 
 
 def emit_joint(w: Writer, schedule: KernelSchedule) -> None:
-    """A joint pass (:class:`~jax_cgtp.schedule.JointPass`): each edge's paths, block by block."""
+    """A joint pass (:class:`~jax_cgtp.gpu.schedule.JointPass`): each edge's paths, block by block."""
     joint = schedule.joint
     outs = dict(joint.outputs)
     if joint.walk:

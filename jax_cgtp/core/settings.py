@@ -1,6 +1,6 @@
 """The tunables of the CUDA lowering, as one frozen, hashable value.
 
-A :class:`Settings` travels in every call's static parameter (:class:`jax_cgtp.call.Call`), so the
+A :class:`Settings` travels in every call's static parameter (:class:`jax_cgtp.core.call.Call`), so the
 planner reads it from the call, the planned launches and compiled kernels are cached per value, and
 two calls in one program may differ. The calls a function traces take the settings active where it
 is traced: the defaults, or those of an enclosing :func:`config` block (a function ``jax.jit``
@@ -8,9 +8,9 @@ traced before keeps its own). Derivatives keep the settings of the call they dif
 
 >>> import jax_cgtp
 >>> with jax_cgtp.config(walk_tile=8):
-...     jax_cgtp.settings.active().walk_tile
+...     jax_cgtp.core.settings.active().walk_tile
 8
->>> jax_cgtp.settings.active().walk_tile
+>>> jax_cgtp.core.settings.active().walk_tile
 16
 
 Every default is the measured winner of a same-process A/B on an H100 or H200; the comment beside
@@ -121,7 +121,7 @@ def config(**overrides):
     fields = {f.name for f in dataclasses.fields(Settings)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise TypeError(f"jax_cgtp.config: unknown settings {unknown}; see jax_cgtp.settings.Settings")
+        raise TypeError(f"jax_cgtp.config: unknown settings {unknown}; see jax_cgtp.core.settings.Settings")
     token = _ACTIVE.set(dataclasses.replace(active(), **overrides))
     try:
         yield

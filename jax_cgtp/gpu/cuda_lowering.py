@@ -22,9 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import codegen, nvrtc, partitioning, schedule
-from .call import Call, accumulation_dtype, num_edges, output_shape
-from .operands import INDEXED, SHARED
+from . import codegen, nvrtc, schedule
+
+from ..sharding import partitioning
+from ..core.call import Call, accumulation_dtype, num_edges, output_shape
+from ..core.operands import INDEXED, SHARED
 
 TARGET = "jax_cgtp_launch"
 # The same handler, registered without the command-buffer trait (Settings.command_buffers off).
@@ -42,7 +44,7 @@ _KERNEL_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 @functools.lru_cache(maxsize=None)
 def _register_target() -> None:
     try:
-        from . import _ffi
+        from .. import _ffi
     except ImportError as error:
         raise RuntimeError(
             f"jax_cgtp: the C++ extension jax_cgtp._ffi is not built ({error}); reinstall with "
@@ -74,7 +76,7 @@ def device_arch() -> str:
     if capability:
         major, minor = str(capability).split(".")[:2]
         return f"sm_{major}{minor}"
-    from . import _ffi
+    from .. import _ffi
 
     return f"sm_{_ffi.compute_capability(0)}"
 
@@ -191,7 +193,7 @@ def _arguments_of(call: Call, kernel: schedule.KernelSchedule, args) -> list:
 
 def _knowing_longest_runs(call: Call, kernels, args) -> list:
     """``kernels``, a walk past the cap marked to read the longest run where its ordering's offsets
-    end with it (``rows + 2`` entries: :func:`jax_cgtp.grouping.group_edges`'s): it returns at once
+    end with it (``rows + 2`` entries: :func:`jax_cgtp.core.grouping.group_edges`'s): it returns at once
     where no run is longer than the cap (longest-run: 1-2 us less per call)."""
     orders = call.split(args)[2]
 
@@ -295,7 +297,7 @@ def run_kernel(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars
     """One launch of ``kernel`` on ``grid`` blocks through the XLA FFI target: its outputs.
 
     Outputs added to across warps (atomic or reduced, :attr:`KernelOutput.zeroed`) start from zero.
-    The outputs :attr:`~jax_cgtp.schedule.KernelSchedule.kept` start as what an earlier launch wrote:
+    The outputs :attr:`~jax_cgtp.gpu.schedule.KernelSchedule.kept` start as what an earlier launch wrote:
     the last arguments, one per kept output, in order, each the same buffer as its output.
     With ``kernel.fill``, the launcher caps ``grid`` at the blocks the GPU holds at once.
     """
@@ -380,7 +382,7 @@ def planned_kernels(fun, *args) -> list[schedule.KernelSchedule]:
     dropped first, as ``jax.jit`` drops them (the forward of a function that returns only
     gradients). ``args`` may be arrays or ``jax.ShapeDtypeStruct``; no GPU is needed. Arguments
     sharded over mesh axes of type Auto (their ``sharding``) split the calls they reach across the
-    devices (:mod:`jax_cgtp.partitioning`): those are planned for each device's edges.
+    devices (:mod:`jax_cgtp.sharding.partitioning`): those are planned for each device's edges.
     """
     from jax._src.interpreters import partial_eval as pe
 

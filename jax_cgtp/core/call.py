@@ -14,7 +14,7 @@ of a term after ``w`` was replaced by a tangent (unweighted paths do not depend 
 Array arguments of a call, in order: the inputs (``roles[n]`` says which role input ``n``
 plays), then one int index array per INDEXED role (canonical order ``x, y, w, z``), then a
 ``(perm, offsets)`` pair per role of :attr:`Call.sorted_roles`: the edges grouped by that role's
-index and CSR offsets into them (:func:`~jax_cgtp.graph.sort_edges`). A ``deterministic`` call
+index and CSR offsets into them (:func:`~jax_cgtp.core.graph.sort_edges`). A ``deterministic`` call
 reduces each node of its INDEXED outputs over that node's run, in the order of a stable sort; it
 carries the ordering of every INDEXED role, unless ``orderings`` names fewer (a forward into z by
 ``dst`` runs needs ``dst``'s alone). An atomic call may carry one, its ``walk``: its tiles then
@@ -58,7 +58,7 @@ class Call:
     outputs: tuple[Output, ...]
     deterministic: bool = False
     orderings: tuple[str, ...] | None = None  # roles whose orderings it carries (None: all if deterministic, else none)
-    # the CUDA lowering's tunables: those active where the call is built (:mod:`jax_cgtp.settings`);
+    # the CUDA lowering's tunables: those active where the call is built (:mod:`jax_cgtp.core.settings`);
     # every call derived from it (JVP, transpose, batching) keeps them
     settings: Settings = dataclasses.field(default_factory=active)
 

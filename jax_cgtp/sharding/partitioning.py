@@ -11,7 +11,7 @@ instead, along the edge axis (the rows of a product without indices):
 * each device runs the call on its edges; an output summed over edges (INDEXED: a scatter into
   nodes; SHARED: a shared weight's gradient) is then summed over the devices (``psum``);
 * a call that carries an edge ordering orders its own edges at each call: the deterministic variant
-  with :func:`~jax_cgtp.graph.sort_edges`, the atomic walks with :func:`~jax_cgtp.grouping.group_edges`.
+  with :func:`~jax_cgtp.core.graph.sort_edges`, the atomic walks with :func:`~jax_cgtp.core.grouping.group_edges`.
   The ordering it was given (a ``graph=`` sorted once, or the atomic call's grouping) is not an
   operand of the partitioned call, so XLA drops its computation where nothing else uses it. A
   deterministic call stays deterministic: the same edges on each device, the same sums.
@@ -33,9 +33,10 @@ import jax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from .call import Call
-from .graph import sort_edges
-from .operands import BATCHED, INDEXED
+from ..core.call import Call
+from ..core.graph import sort_edges
+from ..core.grouping import group_edges
+from ..core.operands import BATCHED, INDEXED
 
 VARIABLE = "JAX_CGTP_PARTITIONING"
 # The leading axis of each flat argument or output of a call
@@ -219,8 +220,6 @@ def _leading_axes(sharding, mesh) -> tuple:
 def _orderings(call: Call, args, backend: str) -> list:
     """The flat ``(perm, offsets)`` of each ordering ``call`` carries, from the index arrays in
     ``args`` (the call's inputs and index arrays)."""
-    from .grouping import group_edges
-
     indices = dict(zip(call.indexed_roles, args[call.num_inputs :]))
     # The deterministic variant's calls carry every ordering (orderings None) and sum in the stable
     # sort's order; the atomic convolution's forward over destination runs (deterministic, with

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .call import common_arguments
-from .operands import BATCHED, INDEXED
-from .problem import cg_nonzeros
+from ..core.call import common_arguments
+from ..core.operands import BATCHED, INDEXED
+from ..core.problem import cg_nonzeros
 
 WARP = 32  # lanes of a warp
 # row kinds the one-pass walks (weight streams and joint passes) handle: y and w per edge, x and z

@@ -1,9 +1,9 @@
-"""CUDA source for one :class:`~jax_cgtp.schedule.KernelSchedule`.
+"""CUDA source for one :class:`~jax_cgtp.gpu.schedule.KernelSchedule`.
 
 The kernel is straight-line code over the sparse CG structure: every path (instruction) of every
 slot becomes a block that loads the operand components it needs into registers, then
 accumulates ``pw * C[i,j,k]`` products for the CG nonzeros only, fully unrolled. A joint pass
-(:mod:`jax_cgtp.codegen_joint`) or a weight stream (:mod:`jax_cgtp.codegen_stream`) takes the
+(:mod:`jax_cgtp.gpu.codegen_joint`) or a weight stream (:mod:`jax_cgtp.gpu.codegen_stream`) takes the
 place of the slots where the schedule plans one. Comments name the slots, paths and irreps.
 Device helpers (staging, flushes, warp sums) come from ``cuda/cgtp_device.cuh``.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import pathlib
 
-from .operands import BATCHED, INDEXED, SHARED
+from ..core.operands import BATCHED, INDEXED, SHARED
 from .codegen_joint import emit_joint
 from .codegen_stream import emit_stream
 from .cuda_text import (Writer, emit_chunk_flush, emit_chunk_lanes, emit_edge_header, literal, owned_end, put, row_of,
@@ -34,12 +34,13 @@ KERNEL_NAME = "cgtp_kernel"
 @functools.lru_cache(maxsize=None)
 def cuda_source(name: str) -> str:
     """The text of ``cuda/<name>`` (source tree first, then the installed copy)."""
-    here = pathlib.Path(__file__).resolve().parent
-    for folder in (here.parent / "cuda", here / "cuda"):
+    package = pathlib.Path(__file__).resolve().parent.parent
+    folders = (package.parent / "cuda", package / "cuda")
+    for folder in folders:
         path = folder / name
         if path.is_file():
             return path.read_text()
-    raise FileNotFoundError(f"jax_cgtp: {name} is missing from {here.parent / 'cuda'} and {here / 'cuda'}")
+    raise FileNotFoundError(f"jax_cgtp: {name} is missing from {folders[0]} and {folders[1]}")
 
 
 def scalar_names(schedule: KernelSchedule) -> list[str]:
@@ -185,7 +186,7 @@ def _emit_chunk_sums(w: Writer, schedule: KernelSchedule) -> None:
 
 
 def _emit_tile_sums(w: Writer, schedule: KernelSchedule) -> None:
-    """The rows the tiled walk left (:attr:`~jax_cgtp.schedule.KernelSchedule.tile_sum`): each node
+    """The rows the tiled walk left (:attr:`~jax_cgtp.gpu.schedule.KernelSchedule.tile_sum`): each node
     whose run crosses a tile's edge gets the sum of its partial rows in tile order (the first tile's
     row 2 t + 1, then each later tile's row 2 t), a node without edges zeros, and every node zeros in
     the components no path writes. A warp takes 32 nodes and 32 columns: the lanes find the nodes
@@ -215,7 +216,7 @@ def _emit_slice_sums(w: Writer, schedule: KernelSchedule) -> None:
     edge whose destination is out of range has none), added in src-sorted order to what the earlier
     slices wrote; with ``run_cap``, its run's first ``run_cap`` edges alone, and with ``chunk_walk``,
     each later chunk of a run to a chunk row of its own (``chunk_rows``, which the next launch adds
-    in chunk order, :func:`jax_cgtp.schedule._sliced`). A warp takes a node (or chunk) and a group
+    in chunk order, :func:`jax_cgtp.gpu.schedule._sliced`). A warp takes a node (or chunk) and a group
     of 32-column blocks, a lane per column of each block: it finds the run's edges once per group
     and loads a row's columns of the group at once."""
     (out,) = schedule.outputs
@@ -456,7 +457,7 @@ def _emit_own_row(w: Writer, schedule: KernelSchedule, own_row: str) -> None:
 def _emit_lane_edges(w: Writer, schedule: KernelSchedule, edge: str) -> None:
     """The lane's edge of the tile (``my_edge``: ``edge``, below ``count``), whether it is valid
     (``my_ok``), and its index of each INDEXED role (``my_ix_{role}``, in the index type, -1 when
-    invalid); ``tile_ok``, the valid edges of the tile as bits (:func:`~jax_cgtp.cuda_text.edge_ok`)."""
+    invalid); ``tile_ok``, the valid edges of the tile as bits (:func:`~jax_cgtp.gpu.cuda_text.edge_ok`)."""
     w(f"const {'I' if schedule.permuted else 'long long'} my_edge = {edge};")
     w("bool my_ok = lane < count;")
     for r in schedule.call.indexed_roles:

@@ -1,6 +1,6 @@
 """The schedule of a call's CUDA kernels: pure static analysis, no GPU needed.
 
-The schedule decides, for one :class:`~jax_cgtp.call.Call`:
+The schedule decides, for one :class:`~jax_cgtp.core.call.Call`:
 
 * **kernels**: the outputs are split into launches. One launch computes every output whose rows
   it can write without conflicts: all of them when scatter-sums use atomics; with a
@@ -23,9 +23,9 @@ The schedule decides, for one :class:`~jax_cgtp.call.Call`:
   an x block per edge and chunk, each operand chunk loaded once (:class:`JointPass`).
 * **weight streams** replace the slots of ``uvw`` products over spherical harmonics with
   per-edge weights: each edge's weights pass once through a ring of shared-memory slots, copied
-  asynchronously ahead of their use (:mod:`jax_cgtp.stream`).
+  asynchronously ahead of their use (:mod:`jax_cgtp.gpu.stream`).
 
-The result is plain data that :mod:`jax_cgtp.codegen` turns into CUDA source.
+The result is plain data that :mod:`jax_cgtp.gpu.codegen` turns into CUDA source.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import dataclasses
 import functools
 import math
 
-from .call import Call, Term
-from .operands import BATCHED, INDEXED, OPERANDS, SHARED
-from .problem import Instruction, Problem, cg_nonzeros
-from .settings import Settings
+from ..core.call import Call, Term
+from ..core.operands import BATCHED, INDEXED, OPERANDS, SHARED
+from ..core.problem import Instruction, Problem, cg_nonzeros
+from ..core.settings import Settings
 from .stream import WALK_KINDS, WARP, WeightStream, stage_width, stream_buffers, weight_stream
 
 WARPS_PER_BLOCK = 4
@@ -290,7 +290,7 @@ class KernelSchedule:
     # walked role's order) to the outputs the capped walk wrote: its outputs start as those (0: none)
     beyond_cap: int = 0
     # a walk past the cap whose offsets end with the longest run (``rows + 2`` entries, as
-    # :func:`jax_cgtp.grouping.group_edges` gives them): it returns at once where no run is longer
+    # :func:`jax_cgtp.core.grouping.group_edges` gives them): it returns at once where no run is longer
     # than the cap
     reads_longest_run: bool = False
     # a deterministic walk over the chunks of this many edges that follow each run's first (which the

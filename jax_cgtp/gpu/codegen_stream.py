@@ -1,4 +1,4 @@
-"""CUDA source of a weight-stream launch (:class:`~jax_cgtp.stream.WeightStream`).
+"""CUDA source of a weight-stream launch (:class:`~jax_cgtp.gpu.stream.WeightStream`).
 
 Inside a tile (or a node's run) of edges, the warp walks the edges in order and, per edge, the
 stream's items in order. Before computing item ``n`` it issues the asynchronous copy of the item
@@ -9,7 +9,7 @@ waits for item ``n``'s own copy. The arithmetic of an item is in :func:`_emit_it
 from __future__ import annotations
 
 from .cuda_text import Writer, cg_sums, edge_ok, emit_edge_header, emit_transposed_sum, lane_row, put, tile_value
-from .operands import BATCHED
+from ..core.operands import BATCHED
 from .schedule import KernelSchedule
 from .stream import WARP, StreamItem, stage_width
 

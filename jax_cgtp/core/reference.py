@@ -6,7 +6,7 @@ Member ``output=o`` computes the gradient of the scalar quadrilinear form
 
 with respect to operand ``o``, given the other three (``output="z"`` is the tensor product
 itself). Per path this is one einsum over the dense CG block; rows are gathered, broadcast,
-summed or scattered according to each operand's kind (see :mod:`jax_cgtp.operands`).
+summed or scattered according to each operand's kind (see :mod:`jax_cgtp.core.operands`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The primitive family, closed under differentiation.
 
-One primitive, ``cgtp``, with a :class:`~jax_cgtp.call.Call` parameter that says which outputs it
-produces and, for each, which terms it sums (see :mod:`jax_cgtp.call`). Every term is linear in
+One primitive, ``cgtp``, with a :class:`~jax_cgtp.core.call.Call` parameter that says which outputs it
+produces and, for each, which terms it sums (see :mod:`jax_cgtp.core.call`). Every term is linear in
 each of its three arguments, so:
 
 * JVP: the tangent of an output is one call whose terms are the original terms with one
@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 from jax._src import dispatch  # apply_primitive: eager evaluation through the lowering
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
-from . import cuda_lowering, mesh_axes, partitioning, reference
+from . import mesh_axes, reference
 from .call import Call, Output, Term, accumulation_dtype, num_edges, output_shape, prune_inputs
 from .graph import sort_edges
 from .operands import BATCHED, INDEXED, OPERANDS, SHARED
@@ -37,8 +37,6 @@ from .operands import BATCHED, INDEXED, OPERANDS, SHARED
 cgtp_p = Primitive("cgtp")
 cgtp_p.multiple_results = True
 cgtp_p.def_impl(functools.partial(dispatch.apply_primitive, cgtp_p))
-if partitioning.enabled():  # its lowering reads the devices, to split a call across them
-    dispatch.prim_requires_devices_during_lowering.add(cgtp_p)
 
 
 def bind(call: Call, inputs, indices=None, schedules=None, *, backend="auto"):
@@ -248,7 +246,7 @@ batching.primitive_batchers[cgtp_p] = _batch
 
 def reference_outputs(call: Call, *args):
     """Every output of ``call`` as the sum of its terms, each on the pure-JAX reference, accumulated
-    in :func:`~jax_cgtp.call.accumulation_dtype` and rounded once to the inputs' dtype."""
+    in :func:`~jax_cgtp.core.call.accumulation_dtype` and rounded once to the inputs' dtype."""
     inputs, indices, _ = call.split(args)
     dtype = inputs[0].dtype
     if accumulation_dtype(dtype) != dtype:
@@ -268,14 +266,10 @@ def reference_outputs(call: Call, *args):
     return results
 
 
-def _reference_lowering(call: Call, backend: str, *args):
+def reference_lowering(call: Call, backend: str, *args):
+    """The outputs of ``call`` on the pure-JAX reference (:func:`reference_outputs`); wired onto
+    :data:`cgtp_p` with the sharding rules by :mod:`jax_cgtp.lowerings`."""
     if backend == "cuda":
         raise ValueError("backend='cuda' needs the computation to be lowered for an NVIDIA GPU; "
                          "use backend='auto' to fall back to the reference path elsewhere")
     return reference_outputs(call, *args)
-
-
-reference_rule = partitioning.lowering_rule(_reference_lowering)
-mlir.register_lowering(cgtp_p, reference_rule)
-mlir.register_lowering(cgtp_p, partitioning.lowering_rule(cuda_lowering.outputs(_reference_lowering)),
-                       platform="cuda")

@@ -19,8 +19,12 @@
 // and never synchronises or queries the stream; the module load happens in the initialize stage,
 // outside any capture.
 //
-// Kernel signature expected by the launcher (see jax_cgtp/gpu/codegen.py): one pointer per operand
-// buffer, then one per result buffer, then one `long long` per entry of the `scalars` attribute.
+// Kernel signature expected by the launcher (jax_cgtp/gpu/signature.py builds it once per launch,
+// and both the code generator and the lowering read it): one pointer per operand buffer, then one
+// per result buffer, then one `long long` per entry of the `scalars` attribute. Every parameter
+// is 8 bytes. Where the driver can say how many parameters a kernel takes (cuFuncGetParamInfo),
+// a launch that binds another count fails with an error naming both counts, instead of reading
+// out of bounds.
 
 #include <dlfcn.h>
 
@@ -71,6 +75,7 @@ struct Driver {
                              unsigned, unsigned, CUstream, void**, void**);
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
   CUresult (*cuGetErrorString)(CUresult, const char**);
+  CUresult (*cuFuncGetParamInfo)(CUfunction, size_t, size_t*, size_t*);  // optional (CUDA 12.4+)
   std::string load_error;
 };
 
@@ -103,6 +108,7 @@ const Driver& GetDriver() {
               Resolve(library, "cuLaunchKernel", d.cuLaunchKernel) &&
               Resolve(library, "cuMemsetD8Async", d.cuMemsetD8Async) &&
               Resolve(library, "cuGetErrorString", d.cuGetErrorString);
+    Resolve(library, "cuFuncGetParamInfo", d.cuFuncGetParamInfo);
     if (!ok) {
       d.load_error = "libcuda.so.1 lacks a driver API entry point jax_cgtp needs";
     } else if (d.cuInit(0) != 0) {
@@ -119,11 +125,22 @@ ffi::Error DriverError(const Driver& d, CUresult status, const char* what) {
   return ffi::Error::Internal(std::string("jax_cgtp: ") + what + " failed: " + message);
 }
 
-// A loaded kernel and the blocks of its launch shape that the device holds at once.
+// A loaded kernel, the blocks of its launch shape that the device holds at once, and the number
+// of parameters it takes (-1 where the driver cannot say).
 struct LoadedKernel {
   CUfunction function;
   int64_t resident_blocks;
+  int64_t parameters;
 };
+
+// The number of parameters of `function`: the first index the driver has no parameter at.
+int64_t ParameterCount(const Driver& d, CUfunction function) {
+  if (d.cuFuncGetParamInfo == nullptr) return -1;
+  size_t offset = 0, size = 0;
+  int64_t count = 0;
+  while (d.cuFuncGetParamInfo(function, static_cast<size_t>(count), &offset, &size) == 0) ++count;
+  return count;
+}
 
 // Loaded kernels, keyed by (context, image id, kernel name). The image id is a hash of the image
 // computed once in Python, so a launch never compares or copies the image itself. An image's
@@ -177,7 +194,7 @@ ffi::ErrorOr<LoadedKernel> LoadKernel(const Driver& d, CUcontext context,
   if (CUresult s = d.cuDeviceGetAttribute(&sms, kDeviceAttributeMultiprocessorCount, device); s != 0) {
     return ffi::Unexpected(DriverError(d, s, "cuDeviceGetAttribute"));
   }
-  LoadedKernel loaded{function, static_cast<int64_t>(per_sm) * sms};
+  LoadedKernel loaded{function, static_cast<int64_t>(per_sm) * sms, ParameterCount(d, function)};
   std::lock_guard<std::mutex> lock(cache.mutex);
   return cache.kernels.emplace(std::move(key), loaded).first->second;
 }
@@ -249,6 +266,13 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets r
   // A filling launch runs one wave: its kernel spreads the edges over the warps it gets.
   if (fill != 0 && loaded->resident_blocks > 0 && grid > loaded->resident_blocks) grid = loaded->resident_blocks;
 
+  const int64_t bound = static_cast<int64_t>(pointers.size() + scalars.size());
+  if (loaded->parameters >= 0 && loaded->parameters != bound) {
+    return ffi::Error::InvalidArgument(
+        "jax_cgtp: kernel " + std::string(kernel) + " takes " + std::to_string(loaded->parameters) +
+        " parameters but the launch binds " + std::to_string(bound) + " (" + std::to_string(args.size()) +
+        " operands, " + std::to_string(rets.size()) + " results, " + std::to_string(scalars.size()) + " scalars)");
+  }
   std::vector<long long> values(scalars.begin(), scalars.end());
   std::vector<void*> params;
   params.reserve(pointers.size() + values.size());

@@ -12,12 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
+from jax.interpreters import mlir
 from family_members import (backward_call, with_settings, high_l_pair, long_code_pair, random_graph,
                             spherical_harmonics_pair)
 from random_problems import random_inputs, random_problem
 
 import jax_cgtp
-from jax_cgtp.gpu import codegen, codegen_joint, cuda_lowering, nvrtc, schedule
+from jax_cgtp import lowerings
+from jax_cgtp.core import primitives
+from jax_cgtp.gpu import codegen, codegen_joint, cuda_lowering, nvrtc, schedule, signature
 from jax_cgtp.core.call import Call, Output, Term, forward_call
 from jax_cgtp.core.operands import BATCHED, INDEXED, SHARED
 from jax_cgtp.core.problem import MODES
@@ -969,3 +972,96 @@ def test_atomic_forward_walks_runs_from_the_librarys_node_counts(dtype, nodes, p
 
     assert walks(nodes, 16) and not walks(nodes - 1, 16) and walks(nodes, 8)
     assert walks(4 * nodes, 64) and not walks(4 * nodes - 1, 64) and not walks(nodes, 64)
+
+
+@pytest.fixture
+def kernel_lowering_on_cpu(monkeypatch):
+    """``cgtp`` calls on the CPU lowered as on a GPU up to the launches, each launch checked against
+    its kernel's signature and answered with zeros instead of running: the kernels launched."""
+    launched = []
+
+    def answer(kernel, args, shapes, grid, scalars):
+        launched.append(kernel)
+        return [jnp.zeros(s.shape, s.dtype) for s in shapes]
+
+    monkeypatch.setattr(cuda_lowering, "run_kernel", answer)
+    mlir.register_lowering(primitives.cgtp_p, lowerings.CGTP_KERNELS, platform="cpu")
+    jax.clear_caches()
+    try:
+        yield launched
+    finally:
+        mlir.register_lowering(primitives.cgtp_p, lowerings.CGTP_REFERENCE, platform="cpu")
+        jax.clear_caches()
+
+
+def second_derivatives_of_random_convolutions(deterministic):
+    for mode in ("uvu", "uvw"):
+        irreps_in1, irreps_in2, irreps_out, instructions, normalization = random_problem(41, mode=mode, lmax=2)
+        conv = jax_cgtp.TensorProductConv(irreps_in1, irreps_in2, irreps_out, instructions, **normalization,
+                                          deterministic=deterministic)
+        x, y = jnp.ones((5, conv.irreps_in1.dim)), jnp.ones((300, conv.irreps_in2.dim))
+        w = jnp.ones((300, conv.weight_numel))
+        index = jnp.arange(300, dtype=jnp.int32) % 5
+
+        def loss(x, y, w, conv=conv, index=index):
+            return jnp.sum(conv(x, y, w, index, index, 5) ** 2)
+
+        jax.jit(jax.grad(lambda x, y, w: jnp.sum(jax.grad(loss, argnums=(0, 1, 2))(x, y, w)[0] ** 2),
+                         argnums=(0, 1, 2)))(x, y, w)
+
+
+def deterministic_backward_of_harmonics_in_slices(planned_with):
+    conv, _ = spherical_harmonics_pair(jax_cgtp.TensorProductConv, "auto", deterministic=True)
+    planned_with(deterministic_backward_slice_bytes=100 * conv.irreps_in1.dim * 8)
+    x, y = jnp.ones((50, conv.irreps_in1.dim)), jnp.ones((500, conv.irreps_in2.dim))
+    w = jnp.ones((500, conv.weight_numel))
+    index = jnp.arange(500, dtype=jnp.int32) % 50
+    jax.jit(jax.grad(lambda x, y, w: jnp.sum(conv(x, y, w, index, index, 50) ** 2), argnums=(0, 1, 2)))(x, y, w)
+
+
+def deterministic_forward_of_long_code():
+    tp = jax_cgtp.channelwise_tensor_product("32x0e+32x1o+32x2e+32x3o+32x4e+32x5o", "0e+1o+2e+3o+4e+5o",
+                                             filter_ir_out=[f"{l}{p}" for l in range(6) for p in "eo"])
+    conv = jax_cgtp.TensorProductConv(tp.irreps_in1, tp.irreps_in2, tp.irreps_out,
+                                      [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in tp.instructions],
+                                      deterministic=True)
+    index = jnp.arange(1000, dtype=jnp.int32) % 50
+    jax.jit(functools.partial(conv, src=index, dst=index, num_nodes=50))(
+        jnp.ones((50, conv.irreps_in1.dim)), jnp.ones((1000, conv.irreps_in2.dim)), jnp.ones((1000, conv.weight_numel)))
+
+
+@pytest.mark.parametrize("case, kinds", [
+    ("atomic", set()), ("deterministic", {"chunk_walk", "chunk_sum", "kept"}),
+    ("slices", {"joint", "slice_walk", "slice_sum"}), ("long_code", {"partial_tiles", "tile_sum"})])
+def test_every_launch_binds_what_its_kernel_signature_names(kernel_lowering_on_cpu, case, kinds, planned_with):
+    """The lowering's launches (tile and run walks, chunk and tile sums, slices, kept outputs, joint
+    passes, weight streams) bind, in count and dtype, the buffers and scalars of their kernels'
+    signatures (the launches run nothing here: each is checked, then answered with zeros); each
+    generated parameter list is the signature's."""
+    planned_with(run_chunk=50)
+    if case in ("atomic", "deterministic"):
+        second_derivatives_of_random_convolutions(case == "deterministic")
+    elif case == "slices":
+        deterministic_backward_of_harmonics_in_slices(planned_with)
+    else:
+        deterministic_forward_of_long_code()
+    launched = kernel_lowering_on_cpu
+    assert launched and kinds <= {kind for k in launched for kind in kinds if getattr(k, kind)}
+    for kernel in launched:
+        declared = re.search(r"cgtp_kernel\(\n(.*?)\) \{", codegen.generate(kernel), re.S).group(1)
+        assert [line.strip().rstrip(",") for line in declared.splitlines()] == \
+            [p.declaration() for p in signature.kernel_signature(kernel)]
+
+
+def test_a_launch_that_binds_other_buffers_than_its_kernel_takes_is_refused():
+    (kernel,) = schedule.plan(forward_call(mace_problem(), (BATCHED,) * 4), "float", "int")
+    x, y = jnp.ones((3, 128 * 9), jnp.float32), jnp.ones((3, 16), jnp.float32)
+    w = jnp.ones((3, kernel.call.problem.weight_numel), jnp.float32)
+    z = jax.ShapeDtypeStruct((3, kernel.outputs[0].dim), jnp.float32)
+    signature.check_launch(kernel, [x, y, w], [z], np.array([3]))
+    with pytest.raises(RuntimeError, match="binds 2 read parameters where the kernel takes 3"):
+        signature.check_launch(kernel, [x, y], [z], np.array([3]))
+    with pytest.raises(RuntimeError, match="in1 is T .float32. but the launch binds float64"):
+        signature.check_launch(kernel, [x, y.astype(jnp.float64), w], [z], np.array([3]))
+    with pytest.raises(RuntimeError, match="binds 2 scalar parameters where the kernel takes 1"):
+        signature.check_launch(kernel, [x, y, w], [z], np.array([3, 4]))

@@ -7,10 +7,7 @@ accumulates ``pw * C[i,j,k]`` products for the CG nonzeros only, fully unrolled.
 place of the slots where the schedule plans one. Comments name the slots, paths and irreps.
 Device helpers (staging, flushes, warp sums) come from ``cuda/cgtp_device.cuh``.
 
-Kernel parameters, in order: the call's inputs (``in0 ...``), one index array per INDEXED role
-(``idx_x ...``), a ``(perm_r, off_r)`` pair per sorted role (:attr:`Call.sorted_roles`), the
-kernel's outputs (``out0 ...``), then ``long long`` scalars: the edge count and the row count of
-each INDEXED role.
+The kernel's parameters are its signature's (:mod:`jax_cgtp.gpu.signature`).
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from .codegen_stream import emit_stream
 from .cuda_text import (Writer, emit_chunk_flush, emit_chunk_lanes, emit_edge_header, literal, owned_end, put, row_of,
                         tile_value)
 from .schedule import WARP, Contribution, Factor, KernelSchedule, Slot, slot_chunks, stage_width
+from .signature import kernel_signature
 
 _HEADER = "cgtp_device.cuh"
 _BUFFERS = {"ahead": "ring of look-ahead slots (x rows, weights)", "ring": "ring of weight items",
@@ -41,12 +39,6 @@ def cuda_source(name: str) -> str:
         if path.is_file():
             return path.read_text()
     raise FileNotFoundError(f"jax_cgtp: {name} is missing from {folders[0]} and {folders[1]}")
-
-
-def scalar_names(schedule: KernelSchedule) -> list[str]:
-    """Names of the ``long long`` scalars after the buffers, in order."""
-    slice_size = ["slice_size"] if schedule.slice_walk or schedule.slice_sum else []
-    return ["num_edges"] + [f"rows_{r}" for r in schedule.call.indexed_roles] + slice_size
 
 
 def _streamed_inputs(schedule: KernelSchedule) -> tuple[int, ...]:
@@ -91,28 +83,7 @@ def generate(schedule: KernelSchedule) -> str:
     w(f"typedef {schedule.dtype} T;")
     w(f"typedef {schedule.index_dtype} I;")
     w(cuda_source(_HEADER))
-    params = [f"const T* __restrict__ in{n}" for n in range(call.num_inputs)]
-    params += [f"const I* __restrict__ idx_{r}" for r in call.indexed_roles]
-    for r in call.sorted_roles:
-        params += [f"const I* __restrict__ perm_{r}", f"const I* __restrict__ off_{r}"]
-    if schedule.chunk_sum:  # each owned output's chunk rows (the chunk walk's)
-        params += [f"const T* __restrict__ chunks{k}" for k in range(len(schedule.outputs))]
-    if schedule.tile_sum:  # the tiled walk's partial rows
-        params += ["const T* __restrict__ tile_rows"]
-    if schedule.slice_walk or schedule.slice_sum:  # the slice's first dst-sorted position (one element)
-        params += ["const I* __restrict__ slice_at"]
-    if schedule.slice_sum:  # the slice walk's rows, and each edge's dst-sorted position
-        params += ["const T* __restrict__ slice_rows", "const I* __restrict__ pos_z"]
-    # the same buffers as the kept outputs (aliased): what the launch before wrote
-    params += [f"const T* walked{k}" for k in schedule.kept]
-    params += [f"T* __restrict__ out{k}" for k in range(len(schedule.outputs))]
-    if schedule.writes_positions:
-        params += ["I* __restrict__ pos_z"]
-    if schedule.writes_slice_chunk_rows:
-        params += ["T* __restrict__ chunk_rows"]
-    if schedule.partial_tiles:
-        params += ["T* __restrict__ tile_rows"]
-    params += [f"const long long {name}" for name in scalar_names(schedule)]
+    params = [param.declaration() for param in kernel_signature(schedule)]
     bounds = f"{schedule.block}, {schedule.min_blocks}" if schedule.min_blocks else f"{schedule.block}"
     w(f'extern "C" __global__ void __launch_bounds__({bounds}) {KERNEL_NAME}(')
     for n, p in enumerate(params):

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import codegen, nvrtc, schedule
+from . import codegen, nvrtc, schedule, signature
 
 from ..sharding import partitioning
 from ..core.call import Call, accumulation_dtype, num_edges, output_shape
@@ -167,7 +167,7 @@ def launch(call: Call, *args):
         extra = [chunks[out.call_output] for out in kernel.outputs] if kernel.chunk_sum else []
         extra += [tile_rows] if kernel.tile_sum else []
         into = [results[kernel.outputs[k].call_output] for k in kernel.kept]
-        outputs = run_kernel(kernel, _arguments_of(call, kernel, args) + extra + into, shapes, grid, scalars)
+        outputs = checked_launch(kernel, _arguments_of(call, kernel, args) + extra + into, shapes, grid, scalars)
         if kernel.partial_tiles:
             *outputs, tile_rows = outputs
         for out, value in zip(kernel.outputs, outputs):
@@ -234,7 +234,7 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.Ke
         shapes += [jax.ShapeDtypeStruct(perm_z.shape, perm_z.dtype)] if kernel.writes_positions else []
         into = [results[kernel.outputs[k].call_output] for k in kernel.kept]
         results, rows = list(results), None
-        values = run_kernel(kernel, inputs + index_args + [perm_z, off_z, at] + into, shapes, grid, sliced_scalars)
+        values = checked_launch(kernel, inputs + index_args + [perm_z, off_z, at] + into, shapes, grid, sliced_scalars)
         if kernel.writes_positions:
             *values, pos_z = values
         for out, value in zip(kernel.outputs, values):
@@ -249,14 +249,14 @@ def _launch_slices(call: Call, walk: schedule.KernelSchedule, *sums: schedule.Ke
         for adding in (_in_slice(k, first) for k in sums):
             grid = adding.grid(edges, call.row_count("x"))
             if adding.chunk_sum:  # the chunk rows, in chunk order, onto x̄
-                (x_bar,) = run_kernel(adding, inputs + index_args + [perm_x, off_x, chunk_rows, x_bar],
+                (x_bar,) = checked_launch(adding, inputs + index_args + [perm_x, off_x, chunk_rows, x_bar],
                                       [x_shape], grid, scalars)
                 continue
             before = [x_bar] if adding.kept else []
             shapes = [x_shape]
             if adding.writes_slice_chunk_rows:  # (the later chunks of each run)
                 shapes.append(jax.ShapeDtypeStruct((schedule.chunk_rows(edges, adding.chunk_walk), x_out.dim), dtype))
-            x_bar, *chunks = run_kernel(adding, inputs + index_args + [perm_x, off_x, at, rows, pos_z] + before,
+            x_bar, *chunks = checked_launch(adding, inputs + index_args + [perm_x, off_x, at, rows, pos_z] + before,
                                         shapes, grid, sliced_scalars)
             chunk_rows = chunks[0] if chunks else None
         results[x_out.call_output] = x_bar
@@ -291,6 +291,13 @@ def _launch_shape(call: Call, kernel: schedule.KernelSchedule, out, edges: int, 
     if kernel.writes_chunk_rows(out):
         return schedule.chunk_rows(edges, kernel.chunk_walk), out.dim
     return output_shape(call, out.role, edges)
+
+
+def checked_launch(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars: np.ndarray):
+    """:func:`run_kernel`, after checking that ``args``, ``shapes`` and ``scalars`` are what the
+    kernel's signature (:mod:`.signature`) names, in count and dtype."""
+    signature.check_launch(kernel, args, shapes, scalars)
+    return run_kernel(kernel, args, shapes, grid, scalars)
 
 
 def run_kernel(kernel: schedule.KernelSchedule, args, shapes, grid: int, scalars: np.ndarray):

@@ -3,7 +3,7 @@
 # JAX extension and jax_cgtp, print the machine, run `pytest -m gpu`, run the benchmark.
 #
 # Run from the repository root with carry=[".whl"] (filled by ../shared/gpu/fetch-wheels.sh
-# --with-cue --with-oeq):
+# --with-cue --with-oeq --with-e3j) or, for --mlip, carry=[".whl-mlip"] (see the wheel step below):
 #   bash benchmarks/gpu_session.sh [options] [-- more benchmarks.run arguments]
 # Options (or the environment variable in brackets):
 #   --phases LIST    [BENCH_PHASES]   default: fwd,bwd,dbwd,conv_fwd,conv_bwd,conv_dbwd
@@ -28,6 +28,9 @@
 #                                     GPU; the two-GPU tests skip there (run them with --workers 0)
 #   --skip-large     [SKIP_LARGE=1]   do not run the 30M-edge tests (their own run, one at a time,
 #                                     stopped after LARGE_SECONDS, default 240)
+#   --mlip ARGS      [MLIP_ARGS]      run examples/mlip_models.py ARGS (mlip's NequIP and MACE MD and training
+#                                     steps; e.g. "--routes e3nn,jax_cgtp,e3j") after the tests: mlip.txt;
+#                                     stopped at --seconds
 #   --e2e            [RUN_E2E=1]      run examples/bench_e2e.py (MD and training step, jax_cgtp vs
 #                                     e3nn-jax; needs the ase and matscipy wheels in .whl) after the tests,
 #                                     stopped after E2E_SECONDS (default 300); E2E_ARGS (word-split) go
@@ -64,7 +67,7 @@
 # --skip-bench, needs what this script exports: PYTHONPATH=$SITE plus OpenEquivariance's source
 # directory ($OEQ_SRC/openequivariance-*), and OEQ_NOTORCH=1; without them oeq is reported missing.
 # Files written to $OUT (keep them few, at most 8 come back): setup.log, gpu-tests.log,
-# gpu-tests-large.log, e2e.txt, edge-sharding.json, edge-sharding.txt, bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png,
+# gpu-tests-large.log, e2e.txt, mlip.txt, edge-sharding.json, edge-sharding.txt, bench-TAG.json, bench-TAG.txt, bench-TAG.log, speedup-TAG.png, roofline-TAG.png,
 # bench-TAG-gpuK.json/txt/log (--per-gpu),
 # bench-TAG-base.json, bench-TAG-base.txt, ab.json, ncu.txt, sanitizer-TOOL.log (pass -- --no-plots to drop the
 # two PNGs).
@@ -74,6 +77,7 @@ export PYTHONUNBUFFERED=1
 PHASES=${BENCH_PHASES:-}; CONFIGS=${BENCH_CONFIGS:-}; DTYPES=${BENCH_DTYPES:-}; LIBS=${BENCH_LIBS:-}
 TAG=${BENCH_TAG:-}; SESSION_SECONDS=${SESSION_SECONDS:-570}; SKIP_TESTS=${SKIP_TESTS:-0}; SKIP_BENCH=${SKIP_BENCH:-0}; PYTEST_ARGS=${PYTEST_ARGS:-}; PYTEST_K=${PYTEST_K:-}
 PYTEST_WORKERS=${PYTEST_WORKERS:-4}; SKIP_LARGE=${SKIP_LARGE:-0}; RUN_E2E=${RUN_E2E:-0}; RUN_SHARDING=${RUN_SHARDING:-0}
+MLIP_ARGS=${MLIP_ARGS:-}
 BENCH_PER_GPU=${BENCH_PER_GPU:-0}; BASE_TREE=${BASE_TREE:-}; NCU_SPECS=${NCU_SPECS:-}; AB_ARGS=${AB_ARGS:-}
 SANITIZE_ARGS=${SANITIZE_ARGS:-}; SANITIZE_TOOLS=${SANITIZE_TOOLS:-memcheck racecheck initcheck}
 EXTRA=()
@@ -94,6 +98,7 @@ while [ $# -gt 0 ]; do
     --spread) PYTEST_GPU_SPREAD=$(nvidia-smi -L | grep -c '^GPU'); shift ;;
     --skip-large) SKIP_LARGE=1; shift ;;
     --e2e) RUN_E2E=1; shift ;;
+    --mlip) MLIP_ARGS=$2; shift 2 ;;
     --sharding) RUN_SHARDING=1; shift ;;
     --base) BASE_TREE=$2; shift 2 ;;
     --ab) AB_ARGS=$2; shift 2 ;;
@@ -114,16 +119,21 @@ SETUP="$OUT/setup.log"; : > "$SETUP"
 step() { echo "== $* ($(date -u +%H:%M:%S))" | tee -a "$SETUP"; }
 
 step "install the carried wheels into $SITE"
-if [ -f "$SITE/.carried-wheels" ] && [ "$(ls .whl/*.whl 2>/dev/null)" = "$(cat "$SITE/.carried-wheels")" ]; then
+# .whl: the kernel peers' wheels (fetch-wheels.sh --with-cue --with-oeq --with-e3j); .whl-mlip: mlip,
+# its dependencies and e3j (fetch-wheels.sh --with-e3j --with-mlip, moved there): the two together
+# exceed one call's 64 MiB, so a call carries the set it needs.
+wheels=$(ls .whl/*.whl .whl-mlip/*.whl 2>/dev/null)
+if [ -f "$SITE/.carried-wheels" ] && [ "$wheels" = "$(cat "$SITE/.carried-wheels")" ]; then
   echo "already installed (warm machine)" | tee -a "$SETUP"
-elif ls .whl/*.whl >/dev/null 2>&1; then
-  if python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl >>"$SETUP" 2>&1; then
-    ls .whl/*.whl > "$SITE/.carried-wheels"
+elif [ -n "$wheels" ]; then
+  # shellcheck disable=SC2086
+  if python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" $wheels >>"$SETUP" 2>&1; then
+    echo "$wheels" > "$SITE/.carried-wheels"
   else
     echo "wheel install failed (see setup.log)" | tee -a "$SETUP"
   fi
 else
-  echo "no .whl/*.whl: pass carry=[\".whl\"] (peers will be reported missing)" | tee -a "$SETUP"
+  echo "no .whl/*.whl or .whl-mlip/*.whl: pass carry=[\".whl\"] (peers will be reported missing)" | tee -a "$SETUP"
 fi
 
 step "OpenEquivariance: build the JAX extension offline, put the source on PYTHONPATH"
@@ -187,7 +197,7 @@ python3 - <<'EOF' 2>&1 | tee -a "$SETUP"
 import importlib, os, subprocess
 for name in ("jax", "jaxlib", "jax_cgtp", "e3nn_jax", "cuequivariance", "cuequivariance_jax",
              "cuequivariance_ops_jax", "einops", "networkx", "opt_einsum", "jinja2",
-             "openequivariance_extjax", "openequivariance.jax"):
+             "openequivariance_extjax", "openequivariance.jax", "e3j", "e3j_ops", "mlip"):
     try:
         module = importlib.import_module(name)
         print(f"  {name:24s} {getattr(module, '__version__', 'ok')}")
@@ -245,6 +255,14 @@ if [ "$RUN_E2E" = 1 ]; then
   step "examples/bench_e2e.py (log: e2e.txt)"
   (cd examples && timeout "${E2E_SECONDS:-300}" python3 bench_e2e.py ${E2E_ARGS:-}) 2>&1 | tee "$OUT/e2e.txt" | tail -n 20
   echo "bench_e2e exit status ${PIPESTATUS[0]}" | tee -a "$SETUP"
+fi
+
+if [ -n "$MLIP_ARGS" ]; then
+  step "examples/mlip_models.py $MLIP_ARGS (log: mlip.txt)"
+  # shellcheck disable=SC2086
+  (cd examples && timeout "$(( SESSION_SECONDS - 10 - SECONDS ))" python3 mlip_models.py $MLIP_ARGS) 2>&1 \
+    | tee "$OUT/mlip.txt" | tail -n 30
+  echo "mlip_models exit status ${PIPESTATUS[0]}" | tee -a "$SETUP"
 fi
 
 if [ "$RUN_SHARDING" = 1 ]; then

@@ -238,3 +238,28 @@ def test_mlip_models_run_on_jax_cgtp_with_e3nn_jax_results():
     assert {(row["system"], row["model"], row["workload"]) for row in rows if row["route"] == "jax_cgtp"} == {
         (s, m, w) for s in ("water", "copper") for m in ("nequip", "mace") for w in ("md", "train")}
     assert all(row["error"] < 1e-10 for row in rows)
+
+
+def test_hessian_of_an_mlip_model_on_jax_cgtp_equals_e3nn_jax():
+    """The README's e3j comparison: the Hessian of mlip NequIP's energy w.r.t. the positions (forward
+    over reverse mode) under ``jax_cgtp.replacing_e3nn`` equals e3nn-jax's (float64, 1e-10)."""
+    pytest.importorskip("mlip")
+    import mlip_models
+
+    jax.config.update("jax_enable_x64", True)
+    args = mlip_models.parse_args(["--smoke", "--dtype", "float64"])
+    atoms = mlip_models.systems(args)["water"]
+    graph = mlip_models.graph_of(atoms, args.cutoff)
+    graph = graph.replace_nodes(positions=jnp.asarray(graph.nodes.positions, jnp.float64))
+    network, config = mlip_models.models(args, "e3nn")["nequip"]
+    predictor, params = mlip_models.force_field(network, config, atoms, graph, args.cutoff, jnp.float64, "e3nn")
+
+    def energy(positions):
+        return jnp.sum(predictor.apply(params, graph.replace_nodes(positions=positions)).to_prediction().energy)
+
+    hessians = {}
+    for route in ("e3nn", "jax_cgtp"):
+        with mlip_models.ROUTES[route]():
+            hessians[route] = np.asarray(jax.jit(jax.hessian(energy))(graph.nodes.positions))
+    assert np.all(np.isfinite(hessians["jax_cgtp"])) and np.abs(hessians["e3nn"]).max() > 0
+    np.testing.assert_allclose(hessians["jax_cgtp"], hessians["e3nn"], rtol=1e-10, atol=1e-10 * np.abs(hessians["e3nn"]).max())

@@ -391,7 +391,7 @@ def planned_kernels(fun, *args) -> list[schedule.KernelSchedule]:
     sharded over mesh axes of type Auto (their ``sharding``) split the calls they reach across the
     devices (:mod:`jax_cgtp.sharding.partitioning`): those are planned for each device's edges.
     """
-    from jax._src.interpreters import partial_eval as pe
+    from jax.interpreters import partial_eval as pe
 
     jaxpr = jax.make_jaxpr(fun)(*args).jaxpr
     parts = {id(v): partitioning.leading_parts(getattr(a, "sharding", None))

@@ -151,17 +151,20 @@ def _contract_sparse(problem, ins, output, rows, output_per_edge, dtype):
     return total if output != "w" else total[..., 0]
 
 
-def _assemble(problem, output, contributions, leading, dtype):
-    """Concatenate per-block contributions into the output operand's flat layout."""
+def _assemble(problem, output, contributions, leading, dtype, reduce=None, reduced=None):
+    """Concatenate per-block contributions into the output operand's flat layout. With ``reduce``,
+    each block's sum is first reduced (rows ``leading`` to rows ``reduced``: a scatter onto the
+    nodes), so that the output's per-edge rows are never held whole."""
+    reduce = reduce or (lambda block: block)
+    reduced = leading if reduced is None else reduced
     if output == "w":
         pieces = []
         for n, ins in enumerate(problem.instructions):
             if not ins.has_weight:
                 continue
             block = contributions.get(n)
-            if block is None:
-                block = jnp.zeros(leading + ins.path_shape, dtype)
-            pieces.append(block.reshape(leading + (ins.weight_numel,)))
+            pieces.append(jnp.zeros(reduced + (ins.weight_numel,), dtype) if block is None
+                          else reduce(block.reshape(leading + (ins.weight_numel,))))
     else:
         irreps = {"x": problem.irreps_in1, "y": problem.irreps_in2, "z": problem.irreps_out}[output]
         index_of = {"x": "i_in1", "y": "i_in2", "z": "i_out"}[output]
@@ -170,13 +173,13 @@ def _assemble(problem, output, contributions, leading, dtype):
             slot = getattr(problem.instructions[n], index_of)
             sums[slot] = block if slot not in sums else sums[slot] + block
         pieces = [
-            sums[slot].reshape(leading + (mul_ir.dim,))
+            reduce(sums[slot].reshape(leading + (mul_ir.dim,)))
             if slot in sums
-            else jnp.zeros(leading + (mul_ir.dim,), dtype)
+            else jnp.zeros(reduced + (mul_ir.dim,), dtype)
             for slot, mul_ir in enumerate(irreps)
         ]
     if not pieces:
-        return jnp.zeros(leading + (0,), dtype)
+        return jnp.zeros(reduced + (0,), dtype)
     return jnp.concatenate(pieces, axis=-1)
 
 
@@ -207,10 +210,10 @@ def member(problem: Problem, output: str, kinds: tuple, output_rows, *args):
         if ins.is_active and (output != "w" or ins.has_weight)
     }
     leading = (num_edges,) if per_edge else ()
-    result = _assemble(problem, output, contributions, leading, dtype)
-    if out_kind == INDEXED:
-        result = scatter_rows(result, indices[output], output_rows)
-    return result
+    if out_kind == INDEXED:  # each block summed onto the nodes, then the blocks side by side
+        return _assemble(problem, output, contributions, leading, dtype,
+                         lambda block: scatter_rows(block, indices[output], output_rows), (output_rows,))
+    return _assemble(problem, output, contributions, leading, dtype)
 
 
 def _valid_edges(indices, arrays, output_rows):

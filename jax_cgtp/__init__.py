@@ -7,7 +7,7 @@
 (5, 64)
 """
 
-from . import e3nn, lowerings  # lowerings: every primitive's lowering, registered on import
+from . import e3nn, lowerings  # noqa: F401 (lowerings: every primitive's lowering, registered on import)
 from .core import settings
 from .conv import TensorProductConv, check_graph
 from .e3nn_switch import replacing_e3nn

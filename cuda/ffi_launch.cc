@@ -14,7 +14,7 @@
 // over edges split across them, float64 kernels loaded after the float32 ones had run).
 //
 // XLA may record the handler's work into a CUDA graph (a command buffer) and replay it: Python
-// registers the target as compatible (jax_cgtp/gpu/cuda_lowering.py, COMMAND_BUFFERS). For a given call
+// registers the target as compatible (jax_cgtp/gpu/cuda_lowering.py, Settings.command_buffers). For a given call
 // the handler enqueues the same memsets and launch on the stream XLA passes, into XLA's buffers,
 // and never synchronises or queries the stream; the module load happens in the initialize stage,
 // outside any capture.

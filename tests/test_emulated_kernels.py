@@ -262,7 +262,7 @@ def test_atomic_convolution_owns_only_the_forward(given, planned_with):
                                                      (jnp.float32, 6, False)])
 def test_atomic_forward_walks_destination_runs_on_many_nodes(dtype, run_edges, walks, planned_with):
     """The atomic convolution's forward walks destination runs on graphs of at least
-    ``OWNED_FORWARD_MIN_NODES`` nodes (here 9 in float32, 10 in float64), proportionally more where the
+    ``Settings.owned_forward_min_nodes`` nodes (here 9 in float32, 10 in float64), proportionally more where the
     mean run (60 edges on 9 nodes: 6.7) is longer than ``OWNED_FORWARD_RUN_EDGES`` (here 7: 9 nodes
     do; 6: 10 are needed), else it adds each edge's z atomically, its tiles over the edges grouped by
     destination all the same; every member matches the reference either way."""

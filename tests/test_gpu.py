@@ -296,7 +296,7 @@ def test_atomic_convolution_with_a_sorted_graph_matches_reference(dtype, sorted_
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 @pytest.mark.parametrize("sorted_by_dst", [False, True])
 def test_atomic_forward_on_few_nodes_matches_reference(dtype, sorted_by_dst, planned_with):
-    """On fewer nodes than ``OWNED_FORWARD_MIN_NODES`` (the library's), the atomic variant's forward
+    """On fewer nodes than ``Settings.owned_forward_min_nodes`` (the library's), the atomic variant's forward
     adds each edge's z atomically instead of walking destination runs; every member matches."""
     cuda, reference = spherical_harmonics_pair(jax_cgtp.TensorProductConv)
     args = random_graph(jax.random.PRNGKey(48), cuda, 300, 5000, dtype, bad_fraction=0.05, sorted_by_dst=sorted_by_dst)

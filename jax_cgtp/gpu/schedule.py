@@ -265,7 +265,7 @@ class KernelSchedule:
     # with several groups, warp ``g`` of every ``len(groups)`` runs ``groups[g]``: its
     # ``(slot, first chunk, end chunk)`` units; empty: one warp per tile runs every slot
     groups: tuple[tuple[tuple[int, int, int], ...], ...] = ()
-    # one wave (FILL_GRID): the launcher caps the grid at the GPU's resident blocks, and the
+    # one wave: the launcher caps the grid at the GPU's resident blocks, and the
     # kernel spreads the edges evenly over the warps it got, in spans of at most ``tile`` edges
     fill: bool = False
     # a walk over sorted runs whose block's warps walk consecutive runs in step (Settings.lockstep_warps)

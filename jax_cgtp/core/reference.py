@@ -49,8 +49,11 @@ def scatter_rows(values: jax.Array, index: jax.Array, rows: int) -> jax.Array:
     return jax.ops.segment_sum(values, index, num_segments=rows)
 
 
-def _operand_block(problem: Problem, ins: Instruction, operand: str, array: jax.Array):
-    """The instruction's block of a per-edge or shared operand, with multiplicity split out."""
+def _operand_block(problem: Problem, ins: Instruction, operand: str, array):
+    """The instruction's block of a per-edge or shared operand, with multiplicity split out. An
+    :class:`_Gathered` operand's block is cut from its node rows, then gathered."""
+    if isinstance(array, _Gathered):
+        return array.rows(_operand_block(problem, ins, operand, array.nodes))
     if operand == "w":
         block = array[..., ins.weight_offset : ins.weight_offset + ins.weight_numel]
         return block.reshape(array.shape[:-1] + ins.path_shape)
@@ -58,6 +61,17 @@ def _operand_block(problem: Problem, ins: Instruction, operand: str, array: jax.
     block = array[..., offset : offset + mul * dim]
     muls = (mul,) * len(ins.letters(operand))
     return block.reshape(array.shape[:-1] + muls + (dim,))
+
+
+class _Gathered:
+    """An indexed operand's rows, gathered block by block: ``nodes[index]`` where ``valid``, else 0."""
+
+    def __init__(self, nodes, index, valid):
+        self.nodes, self.index, self.valid = nodes, index, valid
+
+    def rows(self, block):
+        rows = gather_rows(block, self.index)
+        return rows if self.valid is None else select_rows(self.valid, rows)
 
 
 def _contract(problem, ins, output, rows, output_per_edge, dtype):
@@ -195,9 +209,9 @@ def member(problem: Problem, output: str, kinds: tuple, output_rows, *args):
     rows = {}
     for op, array in arrays.items():
         kind = kind_of(kinds, op)
-        if kind == INDEXED:
-            array = gather_rows(array, indices[op])
-        if kind != SHARED and valid is not None:  # every indexed call: ``valid`` covers the gather
+        if kind == INDEXED:  # gathered block by block: each block's rows are contiguous
+            array = _Gathered(array, indices[op], valid)
+        elif kind != SHARED and valid is not None:  # every indexed call: ``valid`` covers the gather
             array = select_rows(valid, array)
         rows[op] = (array, kind != SHARED)
 

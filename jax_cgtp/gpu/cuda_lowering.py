@@ -38,7 +38,7 @@ UNCAPTURED_TARGET = "jax_cgtp_launch_uncaptured"
 # nothing (kernels are loaded in its initialize stage). With ``Settings.command_buffers`` off (its
 # default with $JAX_CGTP_COMMAND_BUFFERS=0), a call's kernels launch on their own.
 KEEP = 2  # a zero_outputs flag: the output starts as the argument it aliases (neither zeroed nor poisoned)
-_KERNEL_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_KERNEL_DTYPES = {signature.NUMPY_TYPES[c]: c for c in ("float", "double")}
 
 
 @functools.lru_cache(maxsize=None)

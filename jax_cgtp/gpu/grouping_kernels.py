@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax.interpreters import mlir
 
 from ..core import settings
-from ..core.grouping import sorted_grouping
+from ..core.grouping import reference_lowering
 from . import codegen, cuda_lowering, nvrtc
 
 COUNT_KERNEL, RANK_KERNEL, SCAN_KERNEL, PLACE_KERNEL = (
@@ -83,6 +83,7 @@ def _on_gpu(index, *, rows):
 
 
 def lowering(ctx, index, *, rows, backend):
-    """The counting sort, except for ``backend="reference"`` (the stable argsort)."""
-    fun = sorted_grouping if backend == "reference" else _on_gpu
-    return mlir.lower_fun(functools.partial(fun, rows=rows), multiple_results=True)(ctx, index)
+    """The counting sort, except for ``backend="reference"`` (the core's stable argsort)."""
+    if backend == "reference":
+        return reference_lowering(ctx, index, rows=rows, backend=backend)
+    return mlir.lower_fun(functools.partial(_on_gpu, rows=rows), multiple_results=True)(ctx, index)

@@ -14,12 +14,15 @@ slice, its size. ``T`` is the kernel's floating type, ``I`` its index type.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
 from .schedule import KernelSchedule
 
 READ, WRITE, SCALAR = "read", "write", "scalar"
+NUMPY_TYPES = {"float": np.dtype(np.float32), "double": np.dtype(np.float64),
+               "int": np.dtype(np.int32), "long long": np.dtype(np.int64)}  # a kernel's C types
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +47,7 @@ def scalar_names(schedule: KernelSchedule) -> list[str]:
     return ["num_edges"] + [f"rows_{r}" for r in schedule.call.indexed_roles] + slice_size
 
 
+@functools.lru_cache(maxsize=None)
 def kernel_signature(schedule: KernelSchedule) -> tuple[Param, ...]:
     """Every parameter of ``schedule``'s kernel, in order."""
     call = schedule.call
@@ -79,8 +83,7 @@ def check_launch(schedule: KernelSchedule, args, shapes, scalars) -> None:
     params = kernel_signature(schedule)
     groups = {access: [p for p in params if p.access == access] for access in (READ, WRITE, SCALAR)}
     given = {READ: list(args), WRITE: list(shapes), SCALAR: list(np.atleast_1d(scalars))}
-    ctypes = {"T": np.dtype({"float": np.float32, "double": np.float64}[schedule.dtype]),
-              "I": np.dtype({"int": np.int32, "long long": np.int64}[schedule.index_dtype])}
+    ctypes = {"T": NUMPY_TYPES[schedule.dtype], "I": NUMPY_TYPES[schedule.index_dtype]}
     for access in (READ, WRITE, SCALAR):
         if len(given[access]) != len(groups[access]):
             raise RuntimeError(
